@@ -1,0 +1,7 @@
+//! The `kart` command: every kart pod and `kart local` run it.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::run()
+}

@@ -1,0 +1,5 @@
+//! Rule-based rewards with the exact semantics of the upstream reference code.
+
+pub mod asearcher;
+pub mod normalize;
+pub mod search_r1;
