@@ -12,5 +12,7 @@
 
 pub mod agent;
 pub mod conformance;
+#[cfg(feature = "torch")]
+pub mod model;
 pub mod reward;
 pub mod rl;

@@ -3,10 +3,13 @@
 //!
 //! A vector file holds one JSON case per line. Its schema is recognised from the case's fields, not
 //! from the file name, so any file of the same schema works wherever it lives. Each schema computes
-//! the `expect` fields with kart's own code and reports the first difference.
+//! the `expect` fields with kart's own code and reports the first difference. A model folder with
+//! transformers' oracle outputs (`expected.json`) is checked as a whole (with the `torch` feature).
 
 mod asearcher_reward;
 pub mod compare;
+#[cfg(feature = "torch")]
+pub mod model;
 mod search_r1_protocol;
 mod search_r1_reward;
 mod verl_core_algos;
@@ -49,6 +52,10 @@ pub enum ConformanceError {
     Unrecognised { path: PathBuf, line: usize, fields: String },
     #[error("{path}: holds no conformance cases")]
     Empty { path: PathBuf },
+    #[error("{path}: {reason}")]
+    Model { path: PathBuf, reason: String },
+    #[error("{path}: a model folder; this kart was built without the `torch` feature")]
+    NoTorch { path: PathBuf },
 }
 
 /// A case that did not pass.
@@ -119,25 +126,56 @@ pub fn check_file(path: &Path) -> Result<Report, ConformanceError> {
     Ok(report)
 }
 
-/// The vector files a path names: the file itself, or every `*.jsonl` file below a folder, sorted.
-pub fn vector_files(path: &Path) -> Result<Vec<PathBuf>, ConformanceError> {
-    if !path.is_dir() {
-        return Ok(vec![path.to_path_buf()]);
+/// Something `kart conformance` checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A JSON-lines vector file.
+    Vectors(PathBuf),
+    /// A model folder with `expected.json` and `expected.safetensors`.
+    Model(PathBuf),
+}
+
+/// Whether `dir` is a model folder with transformers' oracle outputs.
+pub fn is_model_dir(dir: &Path) -> bool {
+    dir.join("expected.json").is_file() && dir.join("config.json").is_file()
+}
+
+/// What a path names: a model folder, the file itself, or every model folder and `*.jsonl` file
+/// below a folder, sorted.
+pub fn targets(path: &Path) -> Result<Vec<Target>, ConformanceError> {
+    if is_model_dir(path) {
+        return Ok(vec![Target::Model(path.to_path_buf())]);
     }
-    let mut files = Vec::new();
-    let entries =
-        std::fs::read_dir(path).map_err(|source| ConformanceError::Io { path: path.into(), source })?;
-    for entry in entries {
-        let entry = entry.map_err(|source| ConformanceError::Io { path: path.into(), source })?;
-        let p = entry.path();
+    if !path.is_dir() {
+        return Ok(vec![Target::Vectors(path.to_path_buf())]);
+    }
+    let mut entries = Vec::new();
+    for entry in
+        std::fs::read_dir(path).map_err(|source| ConformanceError::Io { path: path.into(), source })?
+    {
+        entries.push(entry.map_err(|source| ConformanceError::Io { path: path.into(), source })?.path());
+    }
+    entries.sort();
+    let mut found = Vec::new();
+    for p in entries {
         if p.is_dir() {
-            files.extend(vector_files(&p)?);
+            found.extend(targets(&p)?);
         } else if p.extension().is_some_and(|e| e == "jsonl") {
-            files.push(p);
+            found.push(Target::Vectors(p));
         }
     }
-    files.sort();
-    Ok(files)
+    Ok(found)
+}
+
+/// Checks one target.
+pub fn check(target: &Target) -> Result<Report, ConformanceError> {
+    match target {
+        Target::Vectors(file) => check_file(file),
+        #[cfg(feature = "torch")]
+        Target::Model(dir) => model::check_model_dir(dir),
+        #[cfg(not(feature = "torch"))]
+        Target::Model(dir) => Err(ConformanceError::NoTorch { path: dir.clone() }),
+    }
 }
 
 fn field_names(case: &Value) -> String {
