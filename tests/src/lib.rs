@@ -27,3 +27,37 @@ pub fn binary(name: &str) -> PathBuf {
     );
     path
 }
+
+/// A child process killed when dropped, so a failing test never leaves servers behind.
+pub struct Child(pub std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A TCP port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind a free port").port()
+}
+
+/// Polls `url` until it answers 200, the child exits, or `deadline` passes.
+pub fn wait_ready(url: &str, child: &mut Child, deadline: std::time::Duration) {
+    let client = reqwest::blocking::Client::new();
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(r) = client.get(url).timeout(std::time::Duration::from_secs(2)).send()
+            && r.status().is_success()
+        {
+            return;
+        }
+        if let Ok(Some(status)) = child.0.try_wait() {
+            panic!("{url}: the process exited with {status} before becoming ready");
+        }
+        assert!(start.elapsed() < deadline, "{url} not ready within {deadline:?}");
+        std::thread::yield_now();
+        std::thread::park_timeout(std::time::Duration::from_millis(50));
+    }
+}

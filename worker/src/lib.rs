@@ -12,7 +12,15 @@
 
 pub mod agent;
 pub mod conformance;
+#[cfg(feature = "server")]
+pub mod http;
+#[cfg(feature = "server")]
+pub mod metrics;
 #[cfg(feature = "torch")]
 pub mod model;
+pub mod retriever;
 pub mod reward;
 pub mod rl;
+#[cfg(all(feature = "torch", feature = "server"))]
+pub mod rollout;
+pub mod tools;

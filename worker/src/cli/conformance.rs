@@ -8,20 +8,28 @@ use std::process::ExitCode;
 ///
 /// Each PATH is a JSON-lines vector file, a model folder with transformers' oracle outputs
 /// (`expected.json`, `expected.safetensors`), or a folder searched for both. The schema of each
-/// vector case is recognised from its fields. Every failing case is printed with its first difference; the
-/// last line is `N passed, M failed`. Exits 1 when any case fails or a file cannot be read.
+/// vector case is recognised from its fields. With `--encoder`, each PATH is instead a file of
+/// sentence embeddings (`sentences`, `embeddings`) checked with that encoder. Every failing case is
+/// printed with its first difference; the last line is `N passed, M failed`. Exits 1 when any case fails or a file cannot be read.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Vector files, model folders, or folders holding them.
     #[arg(required = true)]
     paths: Vec<PathBuf>,
+    /// Check sentence-embedding files with the encoder in this Hugging Face folder.
+    #[arg(long, value_name = "MODEL_DIR")]
+    encoder: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut total = Report::default();
     let mut unreadable = 0;
     for path in &args.paths {
-        let targets = match conformance::targets(path) {
+        let targets = match &args.encoder {
+            Some(encoder) => Ok(vec![Target::Embeddings { file: path.clone(), encoder: encoder.clone() }]),
+            None => conformance::targets(path),
+        };
+        let targets = match targets {
             Ok(targets) if targets.is_empty() => {
                 eprintln!("error: {}: no *.jsonl vector files or model folders found", path.display());
                 unreadable += 1;
@@ -35,13 +43,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         };
         for target in targets {
-            let (Target::Vectors(shown) | Target::Model(shown)) = &target;
             match conformance::check(&target) {
                 Ok(report) => {
                     for failure in &report.failures {
                         println!("{failure}");
                     }
-                    println!("{}: {}", shown.display(), report.summary());
+                    println!("{}: {}", target.path().display(), report.summary());
                     total.merge(report);
                 }
                 Err(e) => {

@@ -1,6 +1,10 @@
 //! The `kart` command line: one subcommand per module below.
 
+mod bench;
 mod conformance;
+mod logging;
+mod retriever;
+mod rollout;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -15,14 +19,24 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    #[command(subcommand)]
+    Bench(bench::Command),
     Conformance(conformance::Args),
+    #[command(subcommand)]
+    Retriever(retriever::Command),
+    #[command(subcommand)]
+    Rollout(rollout::Command),
 }
 
 /// Parses the command line and runs the chosen subcommand.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
+    logging::init();
     let result = match cli.command {
+        Command::Bench(command) => bench::run(command),
         Command::Conformance(args) => conformance::run(args),
+        Command::Retriever(command) => retriever::run(command),
+        Command::Rollout(command) => rollout::run(command),
     };
     result.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");

@@ -4,10 +4,13 @@
 //! A vector file holds one JSON case per line. Its schema is recognised from the case's fields, not
 //! from the file name, so any file of the same schema works wherever it lives. Each schema computes
 //! the `expect` fields with kart's own code and reports the first difference. A model folder with
-//! transformers' oracle outputs (`expected.json`) is checked as a whole (with the `torch` feature).
+//! transformers' oracle outputs (`expected.json`) is checked as a whole (with the `torch` feature),
+//! and so is a file of sentence-transformers embeddings, against an encoder folder.
 
 mod asearcher_reward;
 pub mod compare;
+#[cfg(all(feature = "torch", feature = "server"))]
+pub mod encoder;
 #[cfg(feature = "torch")]
 pub mod model;
 mod search_r1_protocol;
@@ -133,6 +136,17 @@ pub enum Target {
     Vectors(PathBuf),
     /// A model folder with `expected.json` and `expected.safetensors`.
     Model(PathBuf),
+    /// A file of sentence embeddings (`sentences`, `embeddings`), checked with an encoder's folder.
+    Embeddings { file: PathBuf, encoder: PathBuf },
+}
+
+impl Target {
+    /// The file or folder checked, as reports name it.
+    pub fn path(&self) -> &Path {
+        match self {
+            Target::Vectors(path) | Target::Model(path) | Target::Embeddings { file: path, .. } => path,
+        }
+    }
 }
 
 /// Whether `dir` is a model folder with transformers' oracle outputs.
@@ -175,6 +189,10 @@ pub fn check(target: &Target) -> Result<Report, ConformanceError> {
         Target::Model(dir) => model::check_model_dir(dir),
         #[cfg(not(feature = "torch"))]
         Target::Model(dir) => Err(ConformanceError::NoTorch { path: dir.clone() }),
+        #[cfg(all(feature = "torch", feature = "server"))]
+        Target::Embeddings { file, encoder } => encoder::check_embeddings(encoder, file),
+        #[cfg(not(all(feature = "torch", feature = "server")))]
+        Target::Embeddings { encoder, .. } => Err(ConformanceError::NoTorch { path: encoder.clone() }),
     }
 }
 

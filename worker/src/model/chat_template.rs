@@ -42,6 +42,12 @@ use serde::{Deserialize, Serialize};
 use super::error::ModelError;
 use super::tokenizer::TokenizerConfig;
 
+/// The ChatML template of Qwen's instruct models without tools or thinking (that of the
+/// fixtures), for tokenizers kart trains.
+pub const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + \
+    message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}\
+    {{ '<|im_start|>assistant\n' }}{% endif %}";
+
 /// One message of a conversation (also the element type of Search-R1's `prompt` column).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {

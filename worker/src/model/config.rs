@@ -20,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::error::ModelError;
 
@@ -82,6 +82,19 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
+}
+
+/// The sizes of a fresh Qwen2-shaped model, for [`ModelConfig::qwen2`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QwenSizes {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
 }
 
 /// The architecture of a causal LM, parsed from its `config.json`.
@@ -227,6 +240,46 @@ impl ModelConfig {
             eos_token_ids,
             raw: raw.clone(),
         })
+    }
+
+    /// The config of a fresh `Qwen2ForCausalLM` of the given sizes: the `config.json`
+    /// transformers 5 writes for `Qwen2Config(**sizes)`, parsed like any other, so that a model
+    /// built from it saves as a folder transformers loads.
+    pub fn qwen2(sizes: QwenSizes) -> Result<Self, ModelError> {
+        let layer_types = vec!["full_attention"; sizes.num_hidden_layers];
+        let value = json!({
+            "architectures": ["Qwen2ForCausalLM"],
+            "attention_dropout": 0.0,
+            "bos_token_id": null,
+            "dtype": "float32",
+            "eos_token_id": null,
+            "hidden_act": "silu",
+            "hidden_size": sizes.hidden_size,
+            "initializer_range": 0.02,
+            "intermediate_size": sizes.intermediate_size,
+            "layer_types": layer_types,
+            "max_position_embeddings": sizes.max_position_embeddings,
+            "max_window_layers": 28,
+            "model_type": "qwen2",
+            "num_attention_heads": sizes.num_attention_heads,
+            "num_hidden_layers": sizes.num_hidden_layers,
+            "num_key_value_heads": sizes.num_key_value_heads,
+            "pad_token_id": null,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+            "sliding_window": null,
+            "tie_word_embeddings": sizes.tie_word_embeddings,
+            "use_cache": true,
+            "use_sliding_window": false,
+            "vocab_size": sizes.vocab_size,
+        });
+        Self::from_json(&value, Path::new("(Qwen2 sizes)"))
+    }
+
+    /// The standard deviation of the initial weights (`initializer_range`, 0.02 when absent or
+    /// zero, as in transformers' `_init_weights`).
+    pub fn initializer_range(&self) -> f64 {
+        self.raw.get("initializer_range").and_then(Value::as_f64).filter(|&std| std != 0.0).unwrap_or(0.02)
     }
 
     /// Whether the q, k and v projections have a bias: always for Qwen2, else `attention_bias`.
@@ -617,6 +670,52 @@ mod tests {
         let err = ModelConfig::load(fixture("no-such-model")).unwrap_err();
         assert!(matches!(err, ModelError::MissingFile { .. }), "{err}");
         assert!(err.to_string().contains("no-such-model"), "{err}");
+    }
+
+    fn sizes() -> QwenSizes {
+        QwenSizes {
+            vocab_size: 1000,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_hidden_layers: 3,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            max_position_embeddings: 256,
+            tie_word_embeddings: true,
+        }
+    }
+
+    #[test]
+    fn qwen2_from_sizes() {
+        let c = ModelConfig::qwen2(sizes()).unwrap();
+        assert_eq!(c.family, Family::Qwen2);
+        assert_eq!((c.vocab_size, c.hidden_size, c.intermediate_size), (1000, 64, 128));
+        assert_eq!(
+            (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+            (3, 4, 2, 16)
+        );
+        assert_eq!((c.max_position_embeddings, c.tie_word_embeddings), (256, true));
+        assert_eq!(c.rope, Rope { theta: 10_000.0, scaling: RopeScaling::Default });
+        assert_eq!((c.rms_norm_eps, c.initializer_range()), (1e-6, 0.02));
+        assert!(c.qkv_bias() && !c.o_proj_bias());
+        assert_eq!(c.to_json_with_dtype("float32")["layer_types"].as_array().unwrap().len(), 3);
+
+        let message =
+            ModelConfig::qwen2(QwenSizes { num_key_value_heads: 3, ..sizes() }).unwrap_err().to_string();
+        assert!(
+            message.contains("(Qwen2 sizes)") && message.contains("`num_key_value_heads` = 3"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn initializer_range_defaults_like_transformers() {
+        let mut value = llama_json();
+        assert_eq!(parse(value.clone()).unwrap().initializer_range(), 0.02);
+        value["initializer_range"] = json!(0.0);
+        assert_eq!(parse(value.clone()).unwrap().initializer_range(), 0.02);
+        value["initializer_range"] = json!(0.1);
+        assert_eq!(parse(value).unwrap().initializer_range(), 0.1);
     }
 
     #[test]

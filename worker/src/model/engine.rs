@@ -96,6 +96,7 @@ pub struct Scheduler<Id> {
     running: Vec<Running<Id>>,
     cache: Option<KvCache>,
     next_seed: u64,
+    admitting: bool,
 }
 
 impl<Id> Scheduler<Id> {
@@ -108,6 +109,7 @@ impl<Id> Scheduler<Id> {
             running: Vec::new(),
             cache: None,
             next_seed: seed,
+            admitting: true,
         }
     }
 
@@ -145,6 +147,18 @@ impl<Id> Scheduler<Id> {
         self.running.len()
     }
 
+    /// Pauses (false) or resumes (true) admitting waiting requests; running ones continue.
+    pub fn set_admitting(&mut self, admitting: bool) {
+        self.admitting = admitting;
+    }
+
+    /// Drops every waiting and running request (after a failed step).
+    pub fn clear(&mut self) {
+        self.waiting.clear();
+        self.running.clear();
+        self.cache = None;
+    }
+
     /// Admits waiting requests, decodes one token for every running sequence, and returns the
     /// sequences that finished.
     pub fn step(
@@ -153,7 +167,7 @@ impl<Id> Scheduler<Id> {
         tokenizer: &Tokenizer,
     ) -> Result<Vec<(Id, Generation)>, EngineError> {
         tch::no_grad(|| {
-            let mut finished = self.admit(model, tokenizer)?;
+            let mut finished = if self.admitting { self.admit(model, tokenizer)? } else { Vec::new() };
             if !self.running.is_empty() {
                 finished.extend(self.decode(model, tokenizer)?);
             }
@@ -190,7 +204,7 @@ impl<Id> Scheduler<Id> {
         let positions = Tensor::from_slice(&positions).view(shape).to_device(device);
         let mut cache = model.new_cache(admitted.len() as i64);
         let hidden = model.forward(&ids, &positions, Some(&valid), Some(&mut cache));
-        let logits = model.lm_head(&hidden.select(1, longest as i64 - 1));
+        let logits = model.next_token_logits(&hidden.select(1, longest as i64 - 1));
         let first = self.running.len();
         let eos = tokenizer.stop_token_ids();
         for (id, request, sampler) in admitted {
@@ -231,7 +245,7 @@ impl<Id> Scheduler<Id> {
         let positions = Tensor::from_slice(&positions).view([n, 1]).to_device(device);
         let cache = self.cache.as_mut().expect("running sequences have a cache");
         let hidden = model.forward(&ids, &positions, None, Some(cache));
-        let logits = model.lm_head(&hidden.select(1, 0));
+        let logits = model.next_token_logits(&hidden.select(1, 0));
         for r in &mut self.running {
             r.next_position += 1;
         }

@@ -39,7 +39,9 @@ pub fn token_logprobs(
     let (mut logprobs, mut entropies) = (Vec::new(), Vec::new());
     for start in (0..n).step_by(chunk.max(1) as usize) {
         let len = chunk.min(n - start);
-        let logits = model.lm_head(&flat_hidden.narrow(0, start, len)).to_kind(Kind::Float) / temperature;
+        let logits = model.lm_head(&flat_hidden.narrow(0, start, len)).to_kind(Kind::Float);
+        // Dividing by 1 would copy the logits (and their gradient) for nothing.
+        let logits = if temperature == 1.0 { logits } else { logits / temperature };
         let logp = logits.log_softmax(-1, Kind::Float);
         logprobs.push(logp.gather(-1, &flat_targets.narrow(0, start, len), false).squeeze_dim(-1));
         if with_entropy {

@@ -3,9 +3,11 @@
 //!
 //! - [`config`]: `config.json` in both Hub styles, as a [`ModelConfig`];
 //! - [`weights`]: safetensors checkpoints, single or sharded;
-//! - [`transformer`]: the decoder ([`CausalLm`]), with a [`KvCache`] for generation;
+//! - [`transformer`]: the decoder ([`CausalLm`]), loaded or randomly initialised, with a
+//!   [`KvCache`] for generation;
 //! - [`logprobs`]: per-token log-probabilities and entropies without full-batch logits;
-//! - [`tokenizer`] and [`chat_template`]: `tokenizer.json` and the Jinja chat template;
+//! - [`tokenizer`] and [`chat_template`]: `tokenizer.json` (or a byte-level BPE trained here) and
+//!   the Jinja chat template;
 //! - [`save`]: writing a folder transformers, vLLM and SGLang load.
 
 pub mod chat_template;
@@ -21,8 +23,8 @@ pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
 
-pub use chat_template::{ChatMessage, ChatTemplate};
-pub use config::{Family, ModelConfig, Rope, RopeScaling};
+pub use chat_template::{CHATML, ChatMessage, ChatTemplate};
+pub use config::{Family, ModelConfig, QwenSizes, Rope, RopeScaling};
 pub use engine::{FinishReason, Generation, GenerationRequest, Scheduler, generate};
 pub use error::ModelError;
 pub use kv_cache::KvCache;

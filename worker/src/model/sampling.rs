@@ -88,8 +88,12 @@ pub fn sample(logits: &Tensor, samplers: &mut [Sampler]) -> (Vec<i64>, Vec<f32>)
         .iter()
         .map(|s| if s.params.is_greedy() { 1.0 } else { s.params.temperature as f32 })
         .collect();
-    let temps = Tensor::from_slice(&temps).to_device(device).view([rows as i64, 1]);
-    let logp = (&logits / &temps).log_softmax(-1, Kind::Float);
+    let logp = if temps.iter().all(|&t| t == 1.0) {
+        logits.log_softmax(-1, Kind::Float)
+    } else {
+        let temps = Tensor::from_slice(&temps).to_device(device).view([rows as i64, 1]);
+        (&logits / &temps).log_softmax(-1, Kind::Float)
+    };
 
     let greedy = logits.argmax(-1, false);
     let uniforms: Vec<f64> = samplers.iter_mut().map(|s| s.rng.random::<f64>()).collect();

@@ -16,6 +16,10 @@
 //! [`DecodeStream`] turns generated ids into text one token at a time, never splitting a
 //! multi-byte character, for stop strings and streaming.
 //!
+//! A fresh byte-level BPE tokenizer (the GPT-2/Qwen kind) can also be trained on a corpus
+//! ([`Tokenizer::train_byte_level_bpe`]) and written as a folder transformers loads
+//! ([`Tokenizer::save`]), for models trained from scratch.
+//!
 //! ```no_run
 //! # use kart::model::Tokenizer;
 //! let tokenizer = Tokenizer::load("models/Qwen2.5-0.5B-Instruct")?;
@@ -31,8 +35,11 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use tokenizers::AddedToken;
-use tokenizers::models::ModelWrapper;
+use serde_json::{Value, json};
+use tokenizers::models::bpe::{BPE, BpeTrainer};
+use tokenizers::models::{ModelWrapper, TrainerWrapper};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{AddedToken, PostProcessorWrapper};
 
 use super::chat_template::ConfigTemplate;
 use super::error::ModelError;
@@ -95,6 +102,94 @@ impl Tokenizer {
             stop_token_ids,
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
+    }
+
+    /// Trains a byte-level BPE tokenizer of at most `vocab_size` tokens on `texts`, laid out like
+    /// the GPT-2 and Qwen tokenizers: the `special_tokens` first (ids 0, 1, ...), then the 256
+    /// bytes, then the merges learnt. `eos` and `pad` name two of the special tokens.
+    pub fn train_byte_level_bpe<'a>(
+        texts: impl Iterator<Item = &'a str> + Send,
+        vocab_size: usize,
+        special_tokens: &[&str],
+        eos: &str,
+        pad: &str,
+    ) -> Result<Self, ModelError> {
+        let path = PathBuf::from("(trained tokenizer)");
+        let error = |reason: String| ModelError::Tokenizer { path: path.clone(), reason };
+        if let Some(token) = [eos, pad].into_iter().find(|token| !special_tokens.contains(token)) {
+            return Err(error(format!("{token:?} is not one of the special tokens {special_tokens:?}")));
+        }
+        let alphabet = ByteLevel::alphabet();
+        let smallest = alphabet.len() + special_tokens.len();
+        if vocab_size < smallest {
+            return Err(error(format!(
+                "vocab_size {vocab_size} is below the {} bytes plus {} special tokens",
+                alphabet.len(),
+                special_tokens.len()
+            )));
+        }
+        let trainer = BpeTrainer::builder()
+            .vocab_size(vocab_size)
+            .special_tokens(special_tokens.iter().map(|&token| AddedToken::from(token, true)).collect())
+            .initial_alphabet(alphabet.into_iter().collect())
+            .show_progress(false)
+            .build();
+        let mut backend = tokenizers::Tokenizer::new(ModelWrapper::BPE(BPE::default()));
+        backend
+            .with_pre_tokenizer(Some(ByteLevel::new(false, true, true)))
+            .with_post_processor(Some(PostProcessorWrapper::ByteLevel(ByteLevel::new(false, false, false))))
+            .with_decoder(Some(ByteLevel::default()));
+        backend
+            .train(&mut TrainerWrapper::BpeTrainer(trainer), texts)
+            .map_err(|e| error(format!("training failed: {e}")))?;
+        let (eos_token_id, pad_token_id) = (backend.token_to_id(eos), backend.token_to_id(pad));
+        let inner = Inner {
+            path,
+            backend,
+            clean_up_tokenization_spaces: false,
+            bos_token_id: None,
+            eos_token_id,
+            pad_token_id,
+            stop_token_ids: eos_token_id.into_iter().collect(),
+        };
+        Ok(Tokenizer { inner: Arc::new(inner) })
+    }
+
+    /// Writes the tokenizer into the folder `dir` (created if needed) as transformers'
+    /// `save_pretrained` does: `tokenizer.json`, `tokenizer_config.json` naming the special
+    /// tokens, and `chat_template.jinja` when a template is given (such as
+    /// [`CHATML`](super::chat_template::CHATML)).
+    pub fn save(&self, dir: impl AsRef<Path>, chat_template: Option<&str>) -> Result<(), ModelError> {
+        let dir = dir.as_ref();
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ModelError::Io { path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let path = dir.join("tokenizer.json");
+        self.inner
+            .backend
+            .save(&path, true)
+            .map_err(|e| ModelError::Tokenizer { path: path.clone(), reason: e.to_string() })?;
+        let token = |id: Option<u32>| id.and_then(|id| self.id_to_token(id)).map_or(Value::Null, Value::from);
+        let config = json!({
+            "backend": "tokenizers",
+            "bos_token": token(self.inner.bos_token_id),
+            "clean_up_tokenization_spaces": self.inner.clean_up_tokenization_spaces,
+            "eos_token": token(self.inner.eos_token_id),
+            "pad_token": token(self.inner.pad_token_id),
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        });
+        let path = dir.join("tokenizer_config.json");
+        let mut text = serde_json::to_string_pretty(&config)
+            .map_err(|source| ModelError::Json { path: path.clone(), source })?;
+        text.push('\n');
+        std::fs::write(&path, text).map_err(io(&path))?;
+        if let Some(template) = chat_template {
+            let path = dir.join("chat_template.jinja");
+            std::fs::write(&path, template).map_err(io(&path))?;
+        }
+        Ok(())
     }
 
     /// Token ids of `text`; `add_special_tokens` applies the post-processor of `tokenizer.json`
@@ -454,6 +549,78 @@ mod tests {
         let mut pieces: Vec<String> = ids.iter().map(|&id| stream.step(id).unwrap()).collect();
         pieces.push(stream.finish().unwrap());
         pieces
+    }
+
+    const SPECIAL: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+    /// A byte-level BPE trained on a few repeated sentences.
+    fn trained() -> Tokenizer {
+        let corpus =
+            ["the quick brown fox jumps over the lazy dog", "a search agent reads the page", "Zürich 北京"];
+        let texts = corpus.iter().cycle().take(300).copied();
+        Tokenizer::train_byte_level_bpe(texts, 300, &SPECIAL, "<|im_end|>", "<|endoftext|>").unwrap()
+    }
+
+    #[test]
+    fn trained_bpe_round_trips_any_text() {
+        let tokenizer = trained();
+        assert_eq!(tokenizer.vocab_size(), 300);
+        let ids: Vec<u32> = SPECIAL.iter().map(|t| tokenizer.token_to_id(t).unwrap()).collect();
+        assert_eq!(ids, [0, 1, 2]);
+        assert_eq!(
+            (tokenizer.eos_token_id(), tokenizer.pad_token_id(), tokenizer.bos_token_id()),
+            (Some(2), Some(0), None)
+        );
+        assert_eq!(tokenizer.stop_token_ids(), [2]);
+        // Merges were learnt: a sentence of the corpus takes fewer than half as many tokens as bytes.
+        let sentence = "the quick brown fox jumps over the lazy dog";
+        assert!(tokenizer.encode(sentence, false).unwrap().len() < sentence.len() / 2);
+        // Unseen bytes still encode, through the byte alphabet.
+        let text = "<|im_start|>user\nnever seen: ẞ 😀<|im_end|>\n";
+        let ids = tokenizer.encode(text, false).unwrap();
+        assert_eq!(ids[0], 1);
+        assert_eq!(tokenizer.decode(&ids, false).unwrap(), text);
+        assert_eq!(tokenizer.decode(&ids, true).unwrap(), "user\nnever seen: ẞ 😀\n");
+    }
+
+    #[test]
+    fn trained_bpe_saves_a_folder_that_loads_back() {
+        let tokenizer = trained();
+        let dir = tempfile::tempdir().unwrap();
+        tokenizer.save(dir.path(), Some(crate::model::CHATML)).unwrap();
+        let loaded = Tokenizer::load(dir.path()).unwrap();
+        let text = "the lazy agent <|im_end|> reads";
+        assert_eq!(loaded.encode(text, false).unwrap(), tokenizer.encode(text, false).unwrap());
+        assert_eq!(
+            (loaded.eos_token_id(), loaded.pad_token_id(), loaded.vocab_size()),
+            (Some(2), Some(0), 300)
+        );
+        let config: serde_json::Value =
+            read_json(&dir.path().join("tokenizer_config.json")).unwrap().unwrap();
+        assert_eq!(config["eos_token"], "<|im_end|>");
+        assert!(config.get("chat_template").is_none());
+        let template = crate::model::ChatTemplate::load(dir.path()).unwrap().unwrap();
+        let messages = [crate::model::ChatMessage::new("user", "hi")];
+        let prompt = template.render(&messages, true, serde_json::Value::Null).unwrap();
+        assert_eq!(prompt, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        // ChatML is the fixtures' template, byte for byte.
+        let fixture_template =
+            std::fs::read_to_string(fixture("tiny-qwen2").join("chat_template.jinja")).unwrap();
+        assert_eq!(crate::model::CHATML, fixture_template);
+    }
+
+    #[test]
+    fn training_refuses_bad_arguments() {
+        let text = std::iter::once("abc");
+        let err = Tokenizer::train_byte_level_bpe(text.clone(), 400, &SPECIAL, "</s>", "<|endoftext|>")
+            .unwrap_err();
+        assert!(err.to_string().contains("\"</s>\" is not one of the special tokens"), "{err}");
+        let err =
+            Tokenizer::train_byte_level_bpe(text, 200, &SPECIAL, "<|im_end|>", "<|endoftext|>").unwrap_err();
+        assert!(
+            err.to_string().contains("vocab_size 200 is below the 256 bytes plus 3 special tokens"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -5,15 +5,22 @@
 //! Qwen2 has biases on q/k/v, Qwen3 normalises each query and key head (RMSNorm over `head_dim`) and
 //! may set `head_dim` explicitly, Llama may use biases everywhere (`attention_bias`, `mlp_bias`).
 //! Parameters live in a [`VarStore`] under their Hugging Face names, so the optimiser trains them in
-//! place and saving writes a folder transformers loads.
+//! place and saving writes a folder transformers loads. A model comes from a checkpoint
+//! ([`CausalLm::load`]) or from a seeded random initialisation ([`CausalLm::random`]).
 
-use super::config::{Family, ModelConfig};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tch::nn::{Path as VarPath, VarStore};
+use tch::{Device, Kind, Tensor};
+
+use super::config::ModelConfig;
 use super::error::ModelError;
 use super::kv_cache::KvCache;
 use super::rope::{self, RotaryEmbedding};
 use super::weights::Weights;
-use tch::nn::{Path as VarPath, VarStore};
-use tch::{Device, Kind, Tensor};
 
 /// Registers `t` as the trainable variable with the dotted Hugging Face `name` (tch paths cannot hold
 /// dots in a variable name, so each dotted part becomes a sub-path).
@@ -101,8 +108,7 @@ impl Attention {
             c.num_key_value_heads as i64,
             c.head_dim as i64,
         );
-        let qkv_bias = c.attention_bias || c.family == Family::Qwen2;
-        let o_bias = c.attention_bias && c.family != Family::Qwen2;
+        let (qkv_bias, o_bias) = (c.qkv_bias(), c.o_proj_bias());
         let qk_norm = if c.qk_norm {
             Some((
                 RmsNorm::load(p, w, &format!("{prefix}.q_norm"), head_dim, c.rms_norm_eps)?,
@@ -146,23 +152,23 @@ impl Attention {
             Some((cache, layer)) => cache.append(layer, &k, &v),
             None => (k, v),
         };
+        // Grouped-query attention without copying keys and values per query head: a single query
+        // per row folds the query heads of each key/value head into that head's query rows
+        // (transformers' `pack_gqa`); longer queries let the kernel share heads (`enable_gqa`).
         let groups = self.heads / self.kv_heads;
-        let (k, v) = if groups > 1 {
-            (k.repeat_interleave_self_int(groups, 1, None), v.repeat_interleave_self_int(groups, 1, None))
-        } else {
-            (k, v)
-        };
         let scale = (self.head_dim as f64).powf(-0.5);
-        let out = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            mask,
-            0.0,
-            mask.is_none() && t > 1,
-            scale,
-            false,
-        );
+        let out = if t == 1 && groups > 1 {
+            let q = q.reshape([b, self.kv_heads, groups, self.head_dim]);
+            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, false, scale, false).reshape([
+                b,
+                self.heads,
+                1,
+                self.head_dim,
+            ])
+        } else {
+            let causal = mask.is_none() && t > 1;
+            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, causal, scale, groups > 1)
+        };
         self.o_proj.forward(&out.transpose(1, 2).reshape([b, t, self.heads * self.head_dim]))
     }
 }
@@ -239,14 +245,46 @@ pub struct CausalLm {
 
 impl CausalLm {
     /// Loads a Hugging Face model folder onto `device`: f32 on the CPU, bf16 on CUDA.
-    pub fn load(dir: &std::path::Path, device: Device) -> Result<Self, ModelError> {
+    pub fn load(dir: &Path, device: Device) -> Result<Self, ModelError> {
         let config = ModelConfig::load(dir)?;
-        let kind = if device.is_cuda() { Kind::BFloat16 } else { Kind::Float };
-        let mut weights = Weights::load(dir, device, Kind::Float)?;
+        let weights = Weights::load(dir, device, Kind::Float)?;
+        Self::build(config, weights, device)
+    }
+
+    /// A model of `config` with fresh weights, drawn as transformers' `_init_weights` draws them:
+    /// linear and embedding weights from N(0, `initializer_range`²) (the padding token's
+    /// embedding zero), biases zero, RMSNorm weights one. The same seed gives the same weights on
+    /// any device; f32 on the CPU, bf16 on CUDA.
+    pub fn random(config: ModelConfig, device: Device, seed: u64) -> Result<Self, ModelError> {
+        let std = config.initializer_range();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut tensors = HashMap::new();
+        for Parameter { name, shape, init } in parameters(&config) {
+            let options = (Kind::Float, device);
+            let tensor = match init {
+                Init::Normal => {
+                    let numel = shape.iter().product::<i64>() as usize;
+                    Tensor::from_slice(&normal(&mut rng, numel, std)).view(shape.as_slice()).to_device(device)
+                }
+                Init::Zeros => Tensor::zeros(shape.as_slice(), options),
+                Init::Ones => Tensor::ones(shape.as_slice(), options),
+            };
+            tensors.insert(name, tensor);
+        }
+        if let Some(pad) = config.pad_token_id.filter(|&id| (0..config.vocab_size as i64).contains(&id)) {
+            let embed = &tensors["model.embed_tokens.weight"];
+            let _ = embed.get(pad).zero_();
+        }
+        let weights = Weights::from_tensors(PathBuf::from("(random initialisation)"), tensors);
+        Self::build(config, weights, device)
+    }
+
+    /// The model of `config` with all of `weights`, in the kind of `device` (see [`Self::load`]).
+    fn build(config: ModelConfig, mut weights: Weights, device: Device) -> Result<Self, ModelError> {
         let mut model = Self::from_weights(config, &mut weights, device)?;
         weights.finish()?;
-        if kind != Kind::Float {
-            model.vs.set_kind(kind);
+        if device.is_cuda() {
+            model.vs.set_kind(Kind::BFloat16);
         }
         Ok(model)
     }
@@ -362,13 +400,106 @@ impl CausalLm {
 
     /// Full-vocabulary logits `(…, vocab)` of hidden states `(…, hidden)`.
     pub fn lm_head(&self, hidden: &Tensor) -> Tensor {
-        hidden.matmul(&self.lm_head.as_ref().unwrap_or(&self.embed_tokens).tr())
+        hidden.matmul(&self.lm_head_weight().tr())
+    }
+
+    /// The logits a generation engine samples from: [`Self::lm_head`] of hidden states
+    /// `(rows, hidden)`, without gradients. For f32 on the CPU the product runs through oneDNN,
+    /// whose kernels beat the default BLAS on a wide vocabulary (the results agree to rounding).
+    pub fn next_token_logits(&self, hidden: &Tensor) -> Tensor {
+        let weight = self.lm_head_weight();
+        tch::no_grad(|| {
+            if hidden.device() == Device::Cpu && hidden.kind() == Kind::Float && tch::utils::has_mkldnn() {
+                let hidden = hidden.contiguous().g_to_mkldnn(None::<Kind>);
+                hidden.mkldnn_linear(weight, None::<Tensor>).to_dense(None::<Kind>, false)
+            } else {
+                self.lm_head(hidden)
+            }
+        })
     }
 
     /// The LM head's weight `(vocab, hidden)`.
     pub fn lm_head_weight(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
+}
+
+/// How [`CausalLm::random`] initialises a parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Init {
+    Normal,
+    Zeros,
+    Ones,
+}
+
+/// One parameter of a model: its Hugging Face name, shape and initialisation.
+#[derive(Debug)]
+pub(super) struct Parameter {
+    pub(super) name: String,
+    pub(super) shape: Vec<i64>,
+    pub(super) init: Init,
+}
+
+/// Every parameter of a model of `config`, in the order random weights are drawn in. A tied head
+/// has no parameter of its own.
+pub(super) fn parameters(c: &ModelConfig) -> Vec<Parameter> {
+    let [vocab, hidden, inter, heads, kv_heads, head_dim] = [
+        c.vocab_size,
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+    ]
+    .map(|n| n as i64);
+    let mut parameters = Vec::new();
+    let mut push =
+        |name: String, shape: Vec<i64>, init: Init| parameters.push(Parameter { name, shape, init });
+    push("model.embed_tokens.weight".to_owned(), vec![vocab, hidden], Init::Normal);
+    for i in 0..c.num_hidden_layers {
+        let layer = |name: &str| format!("model.layers.{i}.{name}");
+        push(layer("input_layernorm.weight"), vec![hidden], Init::Ones);
+        for (proj, out) in [("q", heads), ("k", kv_heads), ("v", kv_heads)] {
+            push(layer(&format!("self_attn.{proj}_proj.weight")), vec![out * head_dim, hidden], Init::Normal);
+            if c.qkv_bias() {
+                push(layer(&format!("self_attn.{proj}_proj.bias")), vec![out * head_dim], Init::Zeros);
+            }
+        }
+        if c.qk_norm {
+            push(layer("self_attn.q_norm.weight"), vec![head_dim], Init::Ones);
+            push(layer("self_attn.k_norm.weight"), vec![head_dim], Init::Ones);
+        }
+        push(layer("self_attn.o_proj.weight"), vec![hidden, heads * head_dim], Init::Normal);
+        if c.o_proj_bias() {
+            push(layer("self_attn.o_proj.bias"), vec![hidden], Init::Zeros);
+        }
+        push(layer("post_attention_layernorm.weight"), vec![hidden], Init::Ones);
+        for (proj, shape) in [("gate", [inter, hidden]), ("up", [inter, hidden]), ("down", [hidden, inter])] {
+            push(layer(&format!("mlp.{proj}_proj.weight")), shape.to_vec(), Init::Normal);
+            if c.mlp_bias {
+                push(layer(&format!("mlp.{proj}_proj.bias")), vec![shape[0]], Init::Zeros);
+            }
+        }
+    }
+    push("model.norm.weight".to_owned(), vec![hidden], Init::Ones);
+    if !c.tie_word_embeddings {
+        push("lm_head.weight".to_owned(), vec![vocab, hidden], Init::Normal);
+    }
+    parameters
+}
+
+/// `n` samples of N(0, std²) by the Box-Muller transform.
+fn normal(rng: &mut ChaCha8Rng, n: usize, std: f64) -> Vec<f32> {
+    let mut samples = Vec::with_capacity(n + 1);
+    while samples.len() < n {
+        let u1 = 1.0 - rng.random::<f64>(); // in (0, 1], so the logarithm is finite
+        let u2 = rng.random::<f64>();
+        let radius = std * (-2.0 * u1.ln()).sqrt();
+        let (sin, cos) = (std::f64::consts::TAU * u2).sin_cos();
+        samples.extend([(radius * cos) as f32, (radius * sin) as f32]);
+    }
+    samples.truncate(n);
+    samples
 }
 
 /// Whether every entry of a bool tensor is true.
@@ -501,6 +632,78 @@ mod tests {
                     "{name}: row 1"
                 );
             });
+        }
+    }
+
+    fn small_qwen2() -> ModelConfig {
+        ModelConfig::qwen2(crate::model::QwenSizes {
+            vocab_size: 500,
+            hidden_size: 64,
+            intermediate_size: 96,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            max_position_embeddings: 128,
+            tie_word_embeddings: false,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn random_weights_follow_transformers_init() {
+        let config = small_qwen2();
+        let model = CausalLm::random(config.clone(), Device::Cpu, 7).unwrap();
+        let named = model.named_tensors();
+        let mut expected: Vec<(String, Vec<i64>)> =
+            parameters(&config).into_iter().map(|p| (p.name, p.shape)).collect();
+        expected.sort();
+        assert_eq!(named.iter().map(|(n, t)| (n.clone(), t.size())).collect::<Vec<_>>(), expected);
+        for (name, tensor) in &named {
+            let (mean, std) =
+                (tensor.mean(Kind::Float).double_value(&[]), tensor.std(true).double_value(&[]));
+            if name.ends_with("norm.weight") {
+                assert_eq!((mean, std), (1.0, 0.0), "{name}");
+            } else if name.ends_with(".bias") {
+                assert_eq!((mean, std), (0.0, 0.0), "{name}");
+            } else {
+                assert!(mean.abs() < 2e-3 && (std - 0.02).abs() < 1e-3, "{name}: mean {mean}, std {std}");
+            }
+        }
+        // Seeded: the same seed gives the same weights, another seed others.
+        let same = CausalLm::random(config.clone(), Device::Cpu, 7).unwrap();
+        let other = CausalLm::random(config, Device::Cpu, 8).unwrap();
+        for ((name, a), ((_, b), (_, c))) in
+            named.iter().zip(same.named_tensors().iter().zip(&other.named_tensors()))
+        {
+            assert!(a.equal(b), "{name}");
+            assert!(name.contains("norm") || name.ends_with(".bias") || !a.equal(c), "{name}");
+        }
+    }
+
+    #[test]
+    fn random_weights_zero_the_padding_embedding() {
+        let mut value: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixture("tiny-llama").join("config.json")).unwrap(),
+        )
+        .unwrap();
+        value["pad_token_id"] = serde_json::json!(5);
+        let config = ModelConfig::from_json(&value, std::path::Path::new("config.json")).unwrap();
+        let model = CausalLm::random(config, Device::Cpu, 0).unwrap();
+        let embed =
+            model.named_tensors().into_iter().find(|(n, _)| n == "model.embed_tokens.weight").unwrap().1;
+        assert_eq!(embed.get(5).abs().sum(Kind::Float).double_value(&[]), 0.0);
+        assert!(embed.get(4).abs().sum(Kind::Float).double_value(&[]) > 0.0);
+    }
+
+    #[test]
+    fn next_token_logits_agree_with_the_head() {
+        for name in ["tiny-qwen2", "tiny-llama"] {
+            let model = CausalLm::load(&fixture(name), Device::Cpu).unwrap();
+            let hidden = Tensor::randn([5, 64], (Kind::Float, Device::Cpu));
+            let logits = model.next_token_logits(&hidden);
+            assert_eq!(logits.size(), [5, 366]);
+            assert!(!logits.requires_grad());
+            assert!(max_diff(&logits, &model.lm_head(&hidden)) < 1e-5, "{name}");
         }
     }
 

@@ -7,6 +7,9 @@
 //! more than one tensor of the checkpoint. [`Weights::finish`] reports the tensors no one took,
 //! which is how a config that does not match its checkpoint is caught.
 //!
+//! [`Weights::from_tensors`] serves tensors already in memory (a freshly initialised model, weights
+//! received from a trainer) through the same checks.
+//!
 //! [`save_safetensors`] writes the same format, with the `{"format": "pt"}` metadata transformers
 //! writes and some of its versions require.
 
@@ -33,10 +36,12 @@ const MAX_HEADER_SIZE: u64 = 100_000_000;
 /// The tensors of a checkpoint not yet taken, read on demand.
 #[derive(Debug)]
 pub struct Weights {
-    /// The file errors name for the checkpoint as a whole: `model.safetensors` or the index.
+    /// What errors name for the checkpoint as a whole: `model.safetensors`, the index, or the
+    /// label of in-memory tensors.
     source: PathBuf,
     shards: Vec<Shard>,
     tensors: BTreeMap<String, Entry>,
+    /// The device and kind tensors read from files are converted to.
     device: Device,
     kind: Kind,
 }
@@ -52,12 +57,26 @@ struct Shard {
 
 /// Where a tensor is and what it is.
 #[derive(Debug)]
-struct Entry {
-    shard: usize,
-    dtype: Dtype,
-    shape: Vec<i64>,
-    /// Byte range within the shard's data section.
-    offsets: (usize, usize),
+enum Entry {
+    /// In a safetensors file.
+    Stored {
+        shard: usize,
+        dtype: Dtype,
+        shape: Vec<i64>,
+        /// Byte range within the shard's data section.
+        offsets: (usize, usize),
+    },
+    /// Already in memory.
+    InMemory(Tensor),
+}
+
+impl Entry {
+    fn shape(&self) -> Vec<i64> {
+        match self {
+            Entry::Stored { shape, .. } => shape.clone(),
+            Entry::InMemory(tensor) => tensor.size(),
+        }
+    }
 }
 
 impl Weights {
@@ -85,6 +104,13 @@ impl Weights {
         Ok(weights)
     }
 
+    /// Serves `tensors`, held in memory, by name; `label` stands for them in errors. Tensors are
+    /// returned as they are, on their own device and of their own kind.
+    pub fn from_tensors(label: PathBuf, tensors: HashMap<String, Tensor>) -> Self {
+        let tensors = tensors.into_iter().map(|(name, tensor)| (name, Entry::InMemory(tensor))).collect();
+        Weights { source: label, shards: Vec::new(), tensors, device: Device::Cpu, kind: Kind::Float }
+    }
+
     /// Opens the shards named by the index at `self.source`.
     fn load_shards(&mut self, dir: &Path) -> Result<(), ModelError> {
         let weight_map = read_weight_map(&self.source)?;
@@ -109,7 +135,7 @@ impl Weights {
 
     fn insert(&mut self, shard: usize, name: String, dtype: Dtype, shape: &[usize], offsets: (usize, usize)) {
         let shape = shape.iter().map(|&d| d as i64).collect();
-        self.tensors.insert(name, Entry { shard, dtype, shape, offsets });
+        self.tensors.insert(name, Entry::Stored { shard, dtype, shape, offsets });
     }
 
     /// The names of the tensors not yet taken, in order.
@@ -123,35 +149,43 @@ impl Weights {
         let Some(entry) = self.tensors.get(name) else {
             return Err(ModelError::MissingTensor { path: self.source.clone(), name: name.to_owned() });
         };
-        let shard = &mut self.shards[entry.shard];
-        if entry.shape != expected_shape {
+        let path = match entry {
+            Entry::Stored { shard, .. } => &self.shards[*shard].path,
+            Entry::InMemory(_) => &self.source,
+        };
+        let shape = entry.shape();
+        if shape != expected_shape {
             return Err(ModelError::TensorShape {
-                path: shard.path.clone(),
+                path: path.clone(),
                 name: name.to_owned(),
                 expected: expected_shape.to_vec(),
-                got: entry.shape.clone(),
+                got: shape,
             });
         }
-        let stored_kind = match entry.dtype {
-            Dtype::F16 => Kind::Half,
-            Dtype::BF16 => Kind::BFloat16,
-            Dtype::F32 => Kind::Float,
-            Dtype::F64 => Kind::Double,
-            dtype => {
-                return Err(ModelError::TensorDtype {
-                    path: shard.path.clone(),
-                    name: name.to_owned(),
-                    dtype: format!("{dtype:?}"),
-                });
+        let wrong_dtype =
+            |dtype: String| ModelError::TensorDtype { path: path.clone(), name: name.to_owned(), dtype };
+        let tensor = match entry {
+            Entry::Stored { shard, dtype, offsets, .. } => {
+                let stored_kind = match dtype {
+                    Dtype::F16 => Kind::Half,
+                    Dtype::BF16 => Kind::BFloat16,
+                    Dtype::F32 => Kind::Float,
+                    Dtype::F64 => Kind::Double,
+                    dtype => return Err(wrong_dtype(format!("{dtype:?}"))),
+                };
+                let bytes = self.shards[*shard].read(*offsets)?;
+                Tensor::f_from_data_size(&bytes, &shape, stored_kind)?.f_to_device_(
+                    self.device,
+                    self.kind,
+                    false,
+                    false,
+                )?
             }
+            Entry::InMemory(tensor) => match tensor.kind() {
+                Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double => tensor.shallow_clone(),
+                kind => return Err(wrong_dtype(format!("{kind:?}"))),
+            },
         };
-        let bytes = shard.read(entry.offsets)?;
-        let tensor = Tensor::f_from_data_size(&bytes, &entry.shape, stored_kind)?.f_to_device_(
-            self.device,
-            self.kind,
-            false,
-            false,
-        )?;
         self.tensors.remove(name);
         Ok(tensor)
     }
@@ -296,51 +330,10 @@ pub fn save_safetensors<'a>(
 mod tests {
     use super::*;
     use crate::model::config::ModelConfig;
+    use crate::model::transformer::{Parameter, parameters};
 
     fn fixture(name: &str) -> PathBuf {
         Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/models")).join(name)
-    }
-
-    /// Every tensor transformers' model of `config` has, with its shape.
-    fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<i64>)> {
-        let [vocab, hidden, inter, heads, kv_heads, head_dim] = [
-            c.vocab_size,
-            c.hidden_size,
-            c.intermediate_size,
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-        ]
-        .map(|n| n as i64);
-        let mut tensors = vec![
-            ("model.embed_tokens.weight".to_owned(), vec![vocab, hidden]),
-            ("model.norm.weight".to_owned(), vec![hidden]),
-        ];
-        if !c.tie_word_embeddings {
-            tensors.push(("lm_head.weight".to_owned(), vec![vocab, hidden]));
-        }
-        for i in 0..c.num_hidden_layers {
-            let mut push = |name: &str, shape: Vec<i64>| {
-                tensors.push((format!("model.layers.{i}.{name}"), shape));
-            };
-            push("input_layernorm.weight", vec![hidden]);
-            push("post_attention_layernorm.weight", vec![hidden]);
-            for (proj, out) in [("q", heads), ("k", kv_heads), ("v", kv_heads)] {
-                push(&format!("self_attn.{proj}_proj.weight"), vec![out * head_dim, hidden]);
-                if c.qkv_bias() {
-                    push(&format!("self_attn.{proj}_proj.bias"), vec![out * head_dim]);
-                }
-            }
-            push("self_attn.o_proj.weight", vec![hidden, heads * head_dim]);
-            if c.qk_norm {
-                push("self_attn.q_norm.weight", vec![head_dim]);
-                push("self_attn.k_norm.weight", vec![head_dim]);
-            }
-            push("mlp.gate_proj.weight", vec![inter, hidden]);
-            push("mlp.up_proj.weight", vec![inter, hidden]);
-            push("mlp.down_proj.weight", vec![hidden, inter]);
-        }
-        tensors
     }
 
     #[test]
@@ -348,7 +341,7 @@ mod tests {
         for model in ["tiny-qwen2", "tiny-qwen3", "tiny-llama"] {
             let config = ModelConfig::load(fixture(model)).unwrap();
             let mut weights = Weights::load(fixture(model), Device::Cpu, Kind::Float).unwrap();
-            for (name, shape) in expected_tensors(&config) {
+            for Parameter { name, shape, .. } in parameters(&config) {
                 let tensor = weights.take(&name, &shape).unwrap();
                 assert_eq!((tensor.size(), tensor.kind()), (shape, Kind::Float), "{model}: {name}");
             }
@@ -391,7 +384,7 @@ mod tests {
         let mut weights = Weights::load(fixture("tiny-llama"), Device::Cpu, Kind::Float).unwrap();
         let names: Vec<String> = weights.names().map(str::to_owned).collect();
         for name in names.iter().filter(|n| *n != "lm_head.weight" && *n != "model.norm.weight") {
-            let shape = weights.tensors[name].shape.clone();
+            let shape = weights.tensors[name].shape();
             let _ = weights.take(name, &shape).unwrap();
         }
         let message = weights.finish().unwrap_err().to_string();
@@ -447,6 +440,26 @@ mod tests {
             message.contains("model-00001-of-00003.safetensors: missing tensor `model.extra`"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn in_memory_tensors_are_checked_like_stored_ones() {
+        let label = PathBuf::from("(test tensors)");
+        let tensors = HashMap::from([
+            ("w".to_owned(), Tensor::ones([2, 3], (Kind::Float, Device::Cpu))),
+            ("ids".to_owned(), Tensor::zeros([2], (Kind::Int64, Device::Cpu))),
+            ("left".to_owned(), Tensor::zeros([1], (Kind::Float, Device::Cpu))),
+        ]);
+        let mut weights = Weights::from_tensors(label, tensors);
+        let message = weights.take("w", &[3, 2]).unwrap_err().to_string();
+        assert_eq!(message, "(test tensors): tensor `w` has shape [2, 3], expected [3, 2]");
+        assert!(weights.take("w", &[2, 3]).unwrap().equal(&Tensor::ones([2, 3], (Kind::Float, Device::Cpu))));
+        let message = weights.take("ids", &[2]).unwrap_err().to_string();
+        assert!(message.starts_with("(test tensors): tensor `ids` has dtype Int64"), "{message}");
+        let message = weights.take("bias", &[2]).unwrap_err().to_string();
+        assert_eq!(message, "(test tensors): missing tensor `bias`");
+        let message = weights.finish().unwrap_err().to_string();
+        assert_eq!(message, "(test tensors): unused tensors in checkpoint: ids, left");
     }
 
     #[test]

@@ -1,0 +1,68 @@
+//! `kart bench model` as a developer runs it: a quick run against transformers writes its figures,
+//! and a missing anchor environment is reported with the way to install it.
+
+use kart_tests::{binary, repo_root};
+use serde_json::Value;
+use std::process::Command;
+
+#[test]
+fn quick_model_bench_reports_every_metric() {
+    let python = repo_root().join(".venv/bin/python");
+    let has_transformers = Command::new(&python)
+        .args(["-c", "import torch, transformers"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !has_transformers {
+        eprintln!("skipping: {} cannot import torch and transformers", python.display());
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("kart-bench-model-{}.json", std::process::id()));
+    let output = Command::new(binary("kart"))
+        .args(["bench", "model", "--quick", "--json"])
+        .arg(&json)
+        .arg("--python")
+        .arg(&python)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("met?") && stdout.contains("train step"), "{stdout}");
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let metrics: Vec<&str> = rows.iter().map(|row| row["metric"].as_str().unwrap()).collect();
+    assert_eq!(
+        metrics,
+        [
+            "generate, batch 1 (tokens/s)",
+            "generate, batch 4 (tokens/s)",
+            "train step, forward + backward (s)"
+        ]
+    );
+    for row in rows {
+        for key in ["kart", "anchor", "ratio"] {
+            assert!(row[key].as_f64().unwrap() > 0.0, "{row}");
+        }
+        assert!(row["met"].is_boolean(), "{row}");
+    }
+    assert!(report["threads"].as_i64().unwrap() >= 1 && report["anchor"]["threads"].as_i64().unwrap() >= 1);
+    // Both sides computed the same loss on the same weights and batch.
+    let (kart, anchor) =
+        (report["loss"]["kart"].as_f64().unwrap(), report["loss"]["anchor"].as_f64().unwrap());
+    assert!((kart - anchor).abs() < 1e-4, "loss: kart {kart}, transformers {anchor}");
+}
+
+#[test]
+fn missing_anchor_python_says_how_to_install_it() {
+    let output = Command::new(binary("kart"))
+        .args(["bench", "model", "--quick", "--python", "/nonexistent/bin/python"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent/bin/python") && stderr.contains("bash scripts/setup.sh"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,82 @@
+//! `kart retriever index` + `kart retriever serve` as Search-R1's training code uses them.
+
+use kart::agent::search_r1::{RetrievalResult, passages_to_string};
+use kart_tests::{Child, binary, free_port, wait_ready};
+use serde_json::{Value, json};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn corpus(dir: &std::path::Path) -> std::path::PathBuf {
+    let rows = [
+        json!({"id": "0", "contents": "\"Eiffel Tower\"\nThe Eiffel Tower is a wrought-iron lattice tower in Paris, France."}),
+        json!({"id": "1", "contents": "\"Colosseum\"\nThe Colosseum is an ancient amphitheatre in the centre of Rome."}),
+        json!({"id": 2, "title": "Hamlet", "text": "Hamlet is a tragedy written by William Shakespeare."}),
+        json!({"id": "3", "contents": "\"Mount Everest\"\nMount Everest is Earth's highest mountain above sea level."}),
+        json!({"id": "4", "contents": "\"Nile\"\nThe Nile is a major north-flowing river in northeastern Africa."}),
+    ];
+    let path = dir.join("corpus.jsonl");
+    std::fs::write(&path, rows.iter().map(|r| r.to_string() + "\n").collect::<String>()).unwrap();
+    path
+}
+
+#[test]
+fn search_r1_client_payload_works_unchanged() {
+    let dir = std::env::temp_dir().join(format!("kart-retriever-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let index = dir.join("index");
+    let status = Command::new(binary("kart"))
+        .args(["retriever", "index", "--method", "bm25", "--corpus"])
+        .arg(corpus(&dir))
+        .arg("--out")
+        .arg(&index)
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let port = free_port();
+    let mut server = Child(
+        Command::new(binary("kart"))
+            .args(["retriever", "serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--index"])
+            .arg(&index)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ready(&format!("{base}/readyz"), &mut server, Duration::from_secs(60));
+
+    // Exactly what Search-R1's generation.py `_batch_search` posts, then `_passages2string`.
+    let client = reqwest::blocking::Client::new();
+    let payload = json!({"queries": ["who wrote hamlet", "tallest mountain on earth"], "topk": 3, "return_scores": true});
+    let response: Value =
+        client.post(format!("{base}/retrieve")).json(&payload).send().unwrap().json().unwrap();
+    let results: Vec<Vec<RetrievalResult>> = serde_json::from_value(response["result"].clone()).unwrap();
+    assert_eq!(results.len(), 2);
+    let first = passages_to_string(&results[0]);
+    assert!(
+        first.starts_with("Doc 1(Title: \"Hamlet\") Hamlet is a tragedy written by William Shakespeare.\n"),
+        "{first}"
+    );
+    assert!(passages_to_string(&results[1]).starts_with("Doc 1(Title: \"Mount Everest\")"));
+    assert!(results[0].len() <= 3 && results[0][0].score > 0.0);
+
+    // The no-search turn of Search-R1 posts an empty list.
+    let empty: Value = client
+        .post(format!("{base}/retrieve"))
+        .json(&json!({"queries": [], "topk": 3, "return_scores": true}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(empty, json!({"result": []}));
+
+    // Bad input: a 4xx naming the field, and the server keeps serving.
+    let bad =
+        client.post(format!("{base}/retrieve")).json(&json!({"queries": ["x"], "topk": 0})).send().unwrap();
+    assert_eq!(bad.status().as_u16(), 422);
+    assert_eq!(bad.json::<Value>().unwrap()["error"]["field"], "topk");
+    let metrics = client.get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+    assert!(metrics.contains("kart_retriever_queries_total"), "{metrics}");
+    assert!(metrics.contains("kart_retriever_documents 5"), "{metrics}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,494 @@
+//! `kart bench model`: generation and training speed of the policy model against transformers.
+//!
+//! kart initialises a random Qwen2-shaped model (about 50M parameters), trains a small byte-level
+//! BPE tokenizer, and saves both as a Hugging Face folder; the anchor
+//! (`scripts/bench/model_anchor.py`, run with the project venv's Python) loads that folder, so both
+//! sides run exactly the same weights, in f32 on the CPU with torch's default number of threads.
+//! - Generation: greedy, exactly `new_tokens` tokens after the same random prompts, at batch 1 and
+//!   batch 32; kart's engine against `model.generate` under `torch.inference_mode`. The median of
+//!   the timed runs, after a warm-up run, is reported as tokens per second.
+//! - Training step: forward and backward of the loss -mean log p(next token) on one batch; kart
+//!   through [`token_logprobs`], the anchor through `log_softmax` and `gather` over the logits. The
+//!   mean of the timed steps, after a warm-up step, is reported.
+//!
+//! The anchor stays up for the whole run and the two sides take turns, each timed run of one
+//! followed by one of the other, so that a change in the machine's load affects both alike. Both
+//! sides also report their greedy tokens and their loss: the table comes with a check that they
+//! computed the same thing.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use kart::model::logprobs::{DEFAULT_CHUNK, token_logprobs};
+use kart::model::{
+    CHATML, CausalLm, GenerationRequest, ModelConfig, QwenSizes, SamplingParams, Tokenizer, generate,
+    save_pretrained,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tch::{Device, Kind, Tensor};
+
+/// The anchor script, carried in the binary so the bench runs from any folder.
+const ANCHOR: &str = include_str!("../../../../scripts/bench/model_anchor.py");
+
+/// The special tokens of the benchmark's tokenizer (Qwen's).
+const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// Benchmark the policy model against transformers on a random ~50M-parameter Qwen2 model.
+///
+/// Prints, for generation at batch 1 and 32 (tokens per second) and for a training step (seconds),
+/// kart's figure, transformers' figure, their ratio and the target. Exits 1 when the anchor cannot
+/// run (its Python lacks torch or transformers: `bash scripts/setup.sh` installs them).
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A smaller model and workload that finish in seconds, to check the bench itself runs; its
+    /// figures are not the benchmark's.
+    #[arg(long)]
+    quick: bool,
+    /// Timed generation runs per batch size (the median is reported) [default: 3, 1 with --quick].
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Timed training steps (their mean is reported) [default: 3, 1 with --quick].
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Seed of the weights, the prompts and the training batch.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Python interpreter with torch and transformers [default: $KART_VENV/bin/python, else the
+    /// repository's .venv/bin/python].
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Also write the figures to this file as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// The sizes of one benchmark configuration.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    sizes: QwenSizes,
+    prompt_tokens: usize,
+    new_tokens: usize,
+    warmup_tokens: usize,
+    batches: [usize; 2],
+    train_batch: usize,
+    train_tokens: usize,
+    tokenizer_vocab: usize,
+}
+
+impl Workload {
+    fn new(quick: bool) -> Self {
+        if quick {
+            let sizes = QwenSizes {
+                vocab_size: 2048,
+                hidden_size: 64,
+                intermediate_size: 192,
+                num_hidden_layers: 2,
+                num_attention_heads: 4,
+                num_key_value_heads: 2,
+                max_position_embeddings: 256,
+                tie_word_embeddings: true,
+            };
+            let batches = [1, 4];
+            Workload {
+                sizes,
+                prompt_tokens: 8,
+                new_tokens: 8,
+                warmup_tokens: 2,
+                batches,
+                train_batch: 2,
+                train_tokens: 32,
+                tokenizer_vocab: 512,
+            }
+        } else {
+            let sizes = QwenSizes {
+                vocab_size: 32_000,
+                hidden_size: 512,
+                intermediate_size: 1536,
+                num_hidden_layers: 10,
+                num_attention_heads: 8,
+                num_key_value_heads: 2,
+                max_position_embeddings: 1024,
+                tie_word_embeddings: true,
+            };
+            Workload {
+                sizes,
+                prompt_tokens: 16,
+                new_tokens: 128,
+                warmup_tokens: 8,
+                batches: [1, 32],
+                train_batch: 16,
+                train_tokens: 512,
+                tokenizer_vocab: 2048,
+            }
+        }
+    }
+}
+
+/// A greedy generation run.
+#[derive(Debug, Deserialize)]
+struct Generated {
+    seconds: f64,
+    /// One row of generated tokens per prompt.
+    tokens: Vec<Vec<u32>>,
+}
+
+/// A training step.
+#[derive(Debug, Deserialize)]
+struct Trained {
+    seconds: f64,
+    loss: f64,
+}
+
+/// The anchor's first line: its configuration.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+struct AnchorInfo {
+    threads: i64,
+    torch: String,
+    transformers: String,
+}
+
+/// The running anchor process, answering one JSON request per line.
+struct Anchor {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    info: AnchorInfo,
+}
+
+impl Anchor {
+    /// Starts `script` on the model folder and waits until it has loaded the model.
+    fn start(python: &Path, script: &Path, model_dir: &Path) -> anyhow::Result<Self> {
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg(model_dir)
+            .env("TRANSFORMERS_VERBOSITY", "error")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", python.display()))?;
+        let stdin = child.stdin.take().context("the anchor's stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("the anchor's stdout")?);
+        let mut anchor = Anchor { child, stdin, stdout, info: AnchorInfo::default() };
+        anchor.info = anchor.read()?;
+        Ok(anchor)
+    }
+
+    fn generate(&mut self, prompts: &[Vec<u32>], new_tokens: usize) -> anyhow::Result<Generated> {
+        self.call(&json!({"op": "generate", "prompts": prompts, "new_tokens": new_tokens}))
+    }
+
+    fn train(&mut self, input_ids: &[Vec<i64>]) -> anyhow::Result<Trained> {
+        self.call(&json!({"op": "train", "input_ids": input_ids}))
+    }
+
+    fn call<T: DeserializeOwned>(&mut self, request: &Value) -> anyhow::Result<T> {
+        writeln!(self.stdin, "{request}")
+            .and_then(|()| self.stdin.flush())
+            .context("writing to the anchor")?;
+        self.read()
+    }
+
+    fn read<T: DeserializeOwned>(&mut self) -> anyhow::Result<T> {
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line).context("reading from the anchor")? == 0 {
+            let status = self.child.wait()?;
+            bail!("the anchor (scripts/bench/model_anchor.py) exited ({status}); its error is above");
+        }
+        serde_json::from_str(&line).with_context(|| format!("the anchor's reply {line:?}"))
+    }
+}
+
+impl Drop for Anchor {
+    fn drop(&mut self) {
+        // Best effort: the anchor exits at the end of its input; make sure of it.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One line of the table.
+#[derive(Debug, Serialize)]
+struct Row {
+    metric: String,
+    kart: f64,
+    anchor: f64,
+    /// kart / anchor.
+    ratio: f64,
+    /// The ratio's target, as shown (`>= 1.5x`).
+    target: String,
+    met: bool,
+}
+
+impl Row {
+    /// A throughput row (higher is better): met when the ratio reaches `target`.
+    fn at_least(metric: String, kart: f64, anchor: f64, target: f64) -> Self {
+        let ratio = kart / anchor;
+        Row { metric, kart, anchor, ratio, target: format!(">= {target:.1}x"), met: ratio >= target }
+    }
+
+    /// A duration row (lower is better): met when the ratio stays within `target`.
+    fn at_most(metric: String, kart: f64, anchor: f64, target: f64) -> Self {
+        let ratio = kart / anchor;
+        Row { metric, kart, anchor, ratio, target: format!("<= {target:.1}x"), met: ratio <= target }
+    }
+}
+
+/// The whole report, as `--json` writes it.
+#[derive(Debug, Serialize)]
+struct Report {
+    parameters: i64,
+    /// kart's threads (torch's default); the anchor's are in `anchor`.
+    threads: i64,
+    anchor: AnchorInfo,
+    rows: Vec<Row>,
+    /// Per batch size, the prompts whose greedy continuations are identical on both sides.
+    identical_greedy: Vec<(usize, usize)>,
+    loss: Losses,
+}
+
+#[derive(Debug, Serialize)]
+struct Losses {
+    kart: f64,
+    anchor: f64,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let workload = Workload::new(args.quick);
+    let runs = args.runs.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
+    let steps = args.steps.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
+    let python = args.python.clone().unwrap_or_else(default_python);
+    check_anchor_python(&python)?;
+
+    let work = tempfile::tempdir().context("creating a temporary folder")?;
+    let model_dir = work.path().join("model");
+    let config = ModelConfig::qwen2(workload.sizes)?;
+    let model = CausalLm::random(config.clone(), Device::Cpu, args.seed)?;
+    let tokenizer = train_tokenizer(workload.tokenizer_vocab)?;
+    save_pretrained(&model_dir, &config, &model.named_tensors(), None, Kind::Float)?;
+    tokenizer.save(&model_dir, Some(CHATML))?;
+    let parameters: i64 = model.named_tensors().iter().map(|(_, t)| t.numel() as i64).sum();
+
+    let mut rng = ChaCha8Rng::seed_from_u64(args.seed);
+    let first_token = SPECIAL_TOKENS.len() as u32;
+    let vocab = workload.sizes.vocab_size as u32;
+    let mut random_row =
+        |len: usize| -> Vec<u32> { (0..len).map(|_| rng.random_range(first_token..vocab)).collect() };
+    let largest_batch = workload.batches.iter().copied().max().unwrap_or(1);
+    let prompts: Vec<Vec<u32>> = (0..largest_batch).map(|_| random_row(workload.prompt_tokens)).collect();
+    let train_ids: Vec<Vec<i64>> = (0..workload.train_batch)
+        .map(|_| random_row(workload.train_tokens).into_iter().map(i64::from).collect())
+        .collect();
+
+    let script = work.path().join("model_anchor.py");
+    std::fs::write(&script, ANCHOR).with_context(|| format!("writing {}", script.display()))?;
+    let mut anchor = Anchor::start(&python, &script, &model_dir)?;
+    eprintln!(
+        "kart bench model: {:.1}M parameters; kart and transformers {} (torch {}) take turns",
+        parameters as f64 / 1e6,
+        anchor.info.transformers,
+        anchor.info.torch
+    );
+
+    let mut rows = Vec::new();
+    let mut identical_greedy = Vec::new();
+    for batch in workload.batches {
+        let prompts = &prompts[..batch];
+        anchor.generate(prompts, workload.warmup_tokens)?;
+        kart_generate(&model, &tokenizer, prompts, workload.warmup_tokens)?;
+        let (ours, theirs) = take_turns(
+            runs,
+            || kart_generate(&model, &tokenizer, prompts, workload.new_tokens),
+            || anchor.generate(prompts, workload.new_tokens),
+        )?;
+        let tokens = (batch * workload.new_tokens) as f64;
+        let speed = |runs: &[Generated]| tokens / median(runs.iter().map(|r| r.seconds));
+        let metric = format!("generate, batch {batch} (tokens/s)");
+        let target = if batch == 1 { 1.0 } else { 1.5 };
+        rows.push(Row::at_least(metric, speed(&ours), speed(&theirs), target));
+        let (ours, theirs) = (&ours[runs - 1].tokens, &theirs[runs - 1].tokens);
+        identical_greedy.push((batch, ours.iter().zip(theirs).filter(|(a, b)| a == b).count()));
+    }
+
+    let ids = Tensor::from_slice(&train_ids.concat()).view([train_ids.len() as i64, -1]);
+    anchor.train(&train_ids)?;
+    kart_train(&model, &ids);
+    let (ours, theirs) = take_turns(steps, || Ok(kart_train(&model, &ids)), || anchor.train(&train_ids))?;
+    let step_time = |steps: &[Trained]| steps.iter().map(|s| s.seconds).sum::<f64>() / steps.len() as f64;
+    rows.push(Row::at_most(
+        "train step, forward + backward (s)".to_owned(),
+        step_time(&ours),
+        step_time(&theirs),
+        1.0,
+    ));
+
+    let report = Report {
+        parameters,
+        threads: i64::from(tch::get_num_threads()),
+        anchor: anchor.info.clone(),
+        rows,
+        identical_greedy,
+        loss: Losses { kart: ours[steps - 1].loss, anchor: theirs[steps - 1].loss },
+    };
+    print_report(&report, &workload);
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs kart and the anchor `n` times each, alternating which goes first, so that a change in
+/// the machine's load during the run favours neither.
+fn take_turns<T>(
+    n: usize,
+    mut kart: impl FnMut() -> anyhow::Result<T>,
+    mut anchor: impl FnMut() -> anyhow::Result<T>,
+) -> anyhow::Result<(Vec<T>, Vec<T>)> {
+    let (mut ours, mut theirs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for turn in 0..n {
+        if turn % 2 == 0 {
+            ours.push(kart()?);
+            theirs.push(anchor()?);
+        } else {
+            theirs.push(anchor()?);
+            ours.push(kart()?);
+        }
+    }
+    Ok((ours, theirs))
+}
+
+/// `$KART_VENV/bin/python`, else the repository's `.venv/bin/python`.
+fn default_python() -> PathBuf {
+    let venv = std::env::var_os("KART_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv"));
+    venv.join("bin/python")
+}
+
+/// Fails with the way to install the anchor's packages when `python` cannot import them.
+fn check_anchor_python(python: &Path) -> anyhow::Result<()> {
+    let output = Command::new(python).args(["-c", "import torch, transformers"]).output();
+    let reason = match output {
+        Ok(output) if output.status.success() => return Ok(()),
+        Ok(output) => String::from_utf8_lossy(&output.stderr).trim().lines().last().unwrap_or("").to_owned(),
+        Err(e) => e.to_string(),
+    };
+    bail!(
+        "the anchor needs torch and transformers, which {} cannot import ({reason}); install them with \
+         `bash scripts/setup.sh` (or pass --python)",
+        python.display()
+    )
+}
+
+/// A small byte-level BPE trained on generated English-like text: the saved folder gets a
+/// tokenizer like a real model's (the benchmark itself feeds token ids).
+fn train_tokenizer(vocab_size: usize) -> anyhow::Result<Tokenizer> {
+    const WORDS: [&str; 24] = [
+        "the", "agent", "searches", "for", "a", "passage", "about", "river", "which", "answer", "is",
+        "correct", "model", "reads", "page", "and", "then", "writes", "short", "summary", "of", "question",
+        "in", "Paris",
+    ];
+    let sentences: Vec<String> = (0..2000)
+        .map(|i: usize| {
+            let words = (0..12).map(|j| WORDS[(i * 7 + j * j * 3 + j) % WORDS.len()]);
+            words.collect::<Vec<_>>().join(" ") + "."
+        })
+        .collect();
+    let texts = sentences.iter().map(String::as_str);
+    Ok(Tokenizer::train_byte_level_bpe(texts, vocab_size, &SPECIAL_TOKENS, "<|im_end|>", "<|endoftext|>")?)
+}
+
+/// kart's greedy generation of exactly `new_tokens` tokens after each prompt, all in one batch.
+fn kart_generate(
+    model: &CausalLm,
+    tokenizer: &Tokenizer,
+    prompts: &[Vec<u32>],
+    new_tokens: usize,
+) -> anyhow::Result<Generated> {
+    let requests = prompts
+        .iter()
+        .map(|prompt| GenerationRequest {
+            input_ids: prompt.clone(),
+            sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+            max_new_tokens: new_tokens,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+        })
+        .collect();
+    let start = Instant::now();
+    let generations = generate(model, tokenizer, requests, prompts.len(), 0)?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(Generated { seconds, tokens: generations.into_iter().map(|g| g.token_ids).collect() })
+}
+
+/// kart's training step: forward, loss = -mean log p(next token), backward, gradients cleared.
+fn kart_train(model: &CausalLm, ids: &Tensor) -> Trained {
+    let start = Instant::now();
+    let (batch, len) = ids.size2().expect("(B, T) token ids");
+    let positions = Tensor::arange(len, (Kind::Int64, Device::Cpu)).expand([batch, len], false);
+    let hidden = model.forward(ids, &positions, None, None);
+    let (inputs, targets) = (hidden.narrow(1, 0, len - 1), ids.narrow(1, 1, len - 1));
+    let logprobs = token_logprobs(model, &inputs, &targets, 1.0, false, DEFAULT_CHUNK).logprobs;
+    let loss = -logprobs.mean(Kind::Float);
+    loss.backward();
+    for mut variable in model.var_store().trainable_variables() {
+        variable.zero_grad();
+    }
+    let loss = loss.double_value(&[]);
+    Trained { seconds: start.elapsed().as_secs_f64(), loss }
+}
+
+fn print_report(report: &Report, workload: &Workload) {
+    let s = &workload.sizes;
+    println!(
+        "model: Qwen2, {:.1}M parameters (vocab {}, hidden {}, {} layers, {}/{} heads), f32 on the CPU",
+        report.parameters as f64 / 1e6,
+        s.vocab_size,
+        s.hidden_size,
+        s.num_hidden_layers,
+        s.num_attention_heads,
+        s.num_key_value_heads
+    );
+    println!(
+        "workload: {}-token prompts, {} new tokens (greedy); training batch {} x {}",
+        workload.prompt_tokens, workload.new_tokens, workload.train_batch, workload.train_tokens
+    );
+    let anchor = &report.anchor;
+    println!(
+        "threads: kart {}, transformers {} (transformers {}, torch {})",
+        report.threads, anchor.threads, anchor.transformers, anchor.torch
+    );
+    println!();
+    println!("{:<36} {:>10} {:>13} {:>7} {:>8}  met?", "metric", "kart", "transformers", "ratio", "target");
+    for row in &report.rows {
+        println!(
+            "{:<36} {:>10.3} {:>13.3} {:>6.2}x {:>8}  {}",
+            row.metric,
+            row.kart,
+            row.anchor,
+            row.ratio,
+            row.target,
+            if row.met { "yes" } else { "no" }
+        );
+    }
+    println!();
+    for (batch, same) in &report.identical_greedy {
+        println!("greedy tokens identical at batch {batch}: {same}/{batch} prompts");
+    }
+    println!("training loss: kart {:.6}, transformers {:.6}", report.loss.kart, report.loss.anchor);
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut sorted: Vec<f64> = values.collect();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len().is_multiple_of(2) { (sorted[mid - 1] + sorted[mid]) / 2.0 } else { sorted[mid] }
+}

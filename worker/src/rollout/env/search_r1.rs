@@ -1,0 +1,438 @@
+//! Search-R1's loop, as upstream `generation.py` runs it: each turn is generated, cut after its
+//! first action ([`postprocess`]), parsed ([`parse_action`]) and answered — passages for a search,
+//! the episode's end for an answer, the invalid-action reminder otherwise — with observations cut to
+//! `max_obs_length` tokens; after `max_turns` rounds one final generation runs without search.
+//!
+//! Differences from upstream, both on by default and switchable: generation stops at `</search>` /
+//! `</answer>` instead of running to `max_response_length` and cutting the text afterwards (the
+//! "runaway generation" cost), and the tokens kept for a turn are exactly the sampled ones up to the
+//! cut (upstream re-tokenises the cut text).
+
+use super::{Context, Environment, RolloutError};
+use crate::agent::search_r1::Episode;
+use crate::agent::search_r1::{
+    Action, STOP_STRINGS, make_prefix, parse_action, passages_to_string, postprocess,
+};
+use crate::agent::trajectory::{Status, Trajectory};
+use crate::model::{FinishReason, GenerationRequest, SamplingParams};
+use crate::reward::search_r1::{
+    SearchR1RewardWeights, compute_score_em, compute_score_em_format, compute_score_subem,
+};
+use crate::rollout::builder::TrajectoryBuilder;
+use crate::rollout::engine::EngineOutput;
+use crate::rollout::retry;
+use crate::rollout::task::Task;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Which upstream reward function scores the trajectory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardFn {
+    /// `qa_em.compute_score_em` (Search-R1's training default).
+    #[default]
+    Em,
+    /// `qa_em.compute_score_subem`.
+    SubEm,
+    /// `qa_em_format.compute_score_em` with format and retrieval credit.
+    EmFormat,
+}
+
+/// Settings of the Search-R1 environment; defaults are those of Search-R1's `train_ppo.sh`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SearchR1Config {
+    /// Rounds with search before the final round without.
+    pub max_turns: u32,
+    /// Passages per search.
+    pub topk: usize,
+    /// Longest observation in tokens (longer ones keep their first tokens).
+    pub max_obs_length: usize,
+    /// Most tokens generated per turn.
+    pub max_response_length: usize,
+    /// Most tokens in the whole trajectory, prompt included; reaching it ends the episode as
+    /// `truncated`.
+    pub max_trajectory_tokens: usize,
+    /// Stop generation at `</search>` / `</answer>` (false: upstream's generate-then-cut).
+    pub stop_at_action: bool,
+    /// The reward function.
+    pub reward_fn: RewardFn,
+    /// Weights of the reward function (upstream's keyword arguments).
+    pub reward: SearchR1RewardWeights,
+}
+
+impl Default for SearchR1Config {
+    fn default() -> Self {
+        SearchR1Config {
+            max_turns: 2,
+            topk: 3,
+            max_obs_length: 500,
+            max_response_length: 500,
+            max_trajectory_tokens: 4096,
+            stop_at_action: true,
+            reward_fn: RewardFn::Em,
+            reward: SearchR1RewardWeights::default(),
+        }
+    }
+}
+
+/// The Search-R1 environment.
+#[derive(Debug, Clone)]
+pub struct SearchR1Env {
+    config: SearchR1Config,
+}
+
+impl SearchR1Env {
+    pub fn new(config: SearchR1Config) -> Self {
+        SearchR1Env { config }
+    }
+
+    /// The observation's passages: retrieved ones, or an error text when the search tool failed.
+    async fn search(&self, ctx: &Context, query: &str, trajectory: &mut Trajectory) -> String {
+        let Some(search) = &ctx.search else {
+            trajectory.stats.record_tool_call("search", false);
+            return "Error: no search tool is configured.".to_string();
+        };
+        match search.search(&[query.to_string()], self.config.topk).await {
+            Ok(mut results) => {
+                trajectory.stats.record_tool_call("search", true);
+                passages_to_string(&results.pop().unwrap_or_default())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "search failed");
+                trajectory.stats.record_tool_call("search", false);
+                format!("Error: search failed: {}", e.reason)
+            }
+        }
+    }
+
+    async fn episode(
+        &self,
+        ctx: &Context,
+        task: &Task,
+        id: String,
+        sampling: &SamplingParams,
+    ) -> Result<Trajectory, RolloutError> {
+        let c = &self.config;
+        let started = Instant::now();
+        let messages = task.messages_or(|q| make_prefix(q).map_err(|e| e.to_string()))?;
+        let prompt_ids = ctx.prompt_ids(&messages)?;
+        let mut b = TrajectoryBuilder::new(id, task.id.clone(), &prompt_ids, ctx.tokenizer.clone());
+        let mut episode = Episode::new(c.max_turns);
+        let mut status = Status::Completed;
+        while !episode.is_over() {
+            let room = c.max_trajectory_tokens.saturating_sub(b.len());
+            if room == 0 {
+                status = Status::Truncated;
+                break;
+            }
+            let request = GenerationRequest {
+                input_ids: b.token_ids().to_vec(),
+                sampling: sampling.clone(),
+                max_new_tokens: c.max_response_length.min(room),
+                stop: if c.stop_at_action { STOP_STRINGS.map(String::from).to_vec() } else { Vec::new() },
+                stop_token_ids: Vec::new(),
+                ignore_eos: false,
+            };
+            let output = match retry::generate(ctx.engine.as_ref(), request, &ctx.retry).await {
+                Ok(output) => cut_after_action(ctx, output)?,
+                Err(e) => {
+                    tracing::warn!(error = %e, task = %task.id, "engine failed; trajectory aborted");
+                    status = Status::Aborted;
+                    break;
+                }
+            };
+            let hit_cap =
+                output.generation.finish_reason == FinishReason::Length && c.max_response_length > room;
+            let text = b.push_model(&output)?;
+            if hit_cap {
+                status = Status::Truncated;
+                break;
+            }
+            let action = parse_action(postprocess(&text));
+            let passages = match &action {
+                Some(Action::Search(query)) if episode.executes_search() => {
+                    self.search(ctx, query, b.trajectory_mut()).await
+                }
+                _ => String::new(),
+            };
+            if let Some(observation) = episode.record(action.as_ref(), &passages)
+                && !observation.is_empty()
+            {
+                // Observations are cut to `max_obs_length` tokens, and to the room left under the cap
+                // (the next turn then finds none and ends the episode as truncated).
+                let room = c.max_trajectory_tokens.saturating_sub(b.len());
+                b.push_env(&observation, Some(c.max_obs_length.min(room)))?;
+            }
+        }
+        let text = b.text()?;
+        let reward = match c.reward_fn {
+            RewardFn::Em => compute_score_em(&text, &task.ground_truth, &c.reward),
+            RewardFn::SubEm => compute_score_subem(&text, &task.ground_truth, &c.reward),
+            RewardFn::EmFormat => compute_score_em_format(&text, &task.ground_truth, &c.reward),
+        };
+        let stats = episode.stats();
+        let t = b.trajectory_mut();
+        t.reward = reward;
+        t.status = status;
+        t.stats.valid_actions = stats.valid_actions;
+        t.stats.latency_ms = started.elapsed().as_millis() as u64;
+        Ok(b.finish())
+    }
+}
+
+/// Keeps a turn's tokens up to the one that completes its first action, as upstream's text cut
+/// does; the tokens after it were generated (without stop strings) but are not part of the turn.
+fn cut_after_action(ctx: &Context, mut output: EngineOutput) -> Result<EngineOutput, RolloutError> {
+    let g = &mut output.generation;
+    let text = ctx.tokenizer.decode(&g.token_ids, false)?;
+    let cut = postprocess(&text).len();
+    if cut == text.len() {
+        return Ok(output);
+    }
+    let mut stream = ctx.tokenizer.decode_stream(false);
+    let mut seen = 0;
+    for (i, &id) in g.token_ids.iter().enumerate() {
+        seen += stream.step(id)?.len();
+        if seen >= cut {
+            g.token_ids.truncate(i + 1);
+            g.logprobs.truncate(i + 1);
+            g.finish_reason = FinishReason::Stop;
+            break;
+        }
+    }
+    Ok(output)
+}
+
+impl Environment for SearchR1Env {
+    fn name(&self) -> &'static str {
+        "search-r1"
+    }
+
+    fn run<'a>(
+        &'a self,
+        ctx: &'a Context,
+        task: &'a Task,
+        trajectory_id: String,
+        sampling: &'a SamplingParams,
+    ) -> BoxFuture<'a, Result<Trajectory, RolloutError>> {
+        Box::pin(self.episode(ctx, task, trajectory_id, sampling))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::search_r1::RetrievalResult;
+    use crate::model::{ChatTemplate, Tokenizer};
+    use crate::retriever::document;
+    use crate::rollout::engine::EngineError;
+    use crate::rollout::env::Context;
+    use crate::rollout::fake::{Reply, ScriptedEngine};
+    use crate::rollout::retry::RetryPolicy;
+    use crate::tools::search::{Search, ToolError};
+    use std::path::Path;
+    use std::sync::Arc;
+
+    fn fixture() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/models/tiny-qwen2")
+    }
+
+    /// Answers every query with one passage about Paris, or fails.
+    struct FixedSearch(bool);
+
+    impl Search for FixedSearch {
+        fn search<'a>(
+            &'a self,
+            queries: &'a [String],
+            _topk: usize,
+        ) -> BoxFuture<'a, Result<Vec<Vec<RetrievalResult>>, ToolError>> {
+            Box::pin(async move {
+                if !self.0 {
+                    return Err(ToolError { tool: "search", reason: "connection refused".into() });
+                }
+                Ok(queries
+                    .iter()
+                    .map(|_| {
+                        vec![RetrievalResult {
+                            document: document("1".into(), "\"France\"\nParis is the capital.".into()),
+                            score: 2.0,
+                        }]
+                    })
+                    .collect())
+            })
+        }
+    }
+
+    fn context(engine: ScriptedEngine, search_ok: bool) -> Context {
+        let tokenizer = Tokenizer::load(fixture()).unwrap();
+        Context {
+            engine: Arc::new(engine),
+            tokenizer,
+            chat_template: ChatTemplate::load(fixture()).unwrap(),
+            search: Some(Arc::new(FixedSearch(search_ok))),
+            access: None,
+            python: None,
+            retry: RetryPolicy { retries: 1, backoff_ms: 1 },
+        }
+    }
+
+    fn task() -> Task {
+        Task {
+            id: "q1".into(),
+            messages: None,
+            prompt: Some("What is the capital of France".into()),
+            ground_truth: vec!["Paris".into()],
+            data_source: "nq".into(),
+        }
+    }
+
+    fn scripted(replies: Vec<Reply>) -> ScriptedEngine {
+        ScriptedEngine::new(Tokenizer::load(fixture()).unwrap(), move |_, call| {
+            replies.get(call).cloned().unwrap_or_else(|| Reply::Text("<think>...</think>".into()))
+        })
+    }
+
+    async fn run(config: SearchR1Config, ctx: &Context) -> Trajectory {
+        SearchR1Env::new(config).run(ctx, &task(), "t0".into(), &SamplingParams::default()).await.unwrap()
+    }
+
+    fn decode(ctx: &Context, ids: &[u32]) -> String {
+        ctx.tokenizer.decode(ids, false).unwrap()
+    }
+
+    #[tokio::test]
+    async fn search_then_answer() {
+        let ctx = context(
+            scripted(vec![
+                Reply::Text(
+                    "<think>I need to look it up.</think>\n<search> capital of France </search> and more"
+                        .into(),
+                ),
+                Reply::Text("<think>Found it.</think>\n<answer> Paris </answer> extra".into()),
+            ]),
+            true,
+        );
+        let t = run(SearchR1Config::default(), &ctx).await;
+        assert_eq!((t.status, t.reward), (Status::Completed, 1.0));
+        assert_eq!((t.stats.turns, t.stats.valid_actions), (2, 2));
+        assert_eq!(t.stats.tool_calls["search"].ok, 1);
+        let text = decode(&ctx, t.token_ids());
+        assert!(text.starts_with("<|im_start|>user\nAnswer the given question."), "{text}");
+        assert!(text.contains("</search>\n\n<information>Doc 1(Title: \"France\") Paris is the capital.</information>\n\n<think>"), "{text}");
+        assert!(
+            !text.contains("and more") && !text.contains("extra"),
+            "generation stops at the action: {text}"
+        );
+        // The reward saw exactly the decoded trajectory.
+        assert_eq!(compute_score_em(&text, &["Paris"], &SearchR1RewardWeights::default()), t.reward);
+        // Observation tokens are masked, with logprob 0 and no version; model tokens are trained.
+        let obs = ctx
+            .tokenizer
+            .encode(
+                "\n\n<information>Doc 1(Title: \"France\") Paris is the capital.</information>\n\n",
+                false,
+            )
+            .unwrap();
+        let masked: Vec<u32> = t.token_ids()[t.prompt_len()..]
+            .iter()
+            .zip(&t.loss_mask()[t.prompt_len()..])
+            .filter(|(_, m)| **m == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(masked, obs);
+        for ((m, lp), v) in t.loss_mask().iter().zip(t.logprobs()).zip(t.versions()).skip(t.prompt_len()) {
+            assert_eq!(*m == 1, *lp == -0.5);
+            assert_eq!(*m == 1, *v == 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn without_stop_strings_the_turn_is_cut_after_the_action_token_exactly() {
+        let ctx = context(
+            scripted(vec![
+                Reply::Text(
+                    "<search> capital of France </search> runaway text <answer> Rome </answer>".into(),
+                ),
+                Reply::Text("<answer> Paris </answer> more runaway".into()),
+            ]),
+            true,
+        );
+        let config = SearchR1Config { stop_at_action: false, ..SearchR1Config::default() };
+        let t = run(config, &ctx).await;
+        let text = decode(&ctx, t.token_ids());
+        assert!(!text.contains("runaway"), "{text}");
+        assert_eq!(t.reward, 1.0);
+    }
+
+    #[tokio::test]
+    async fn invalid_actions_get_the_reminder_until_the_final_turn() {
+        let ctx = context(scripted(vec![]), true);
+        let t = run(SearchR1Config { max_turns: 2, ..SearchR1Config::default() }, &ctx).await;
+        assert_eq!(t.stats.turns, 3, "two rounds plus the final one");
+        assert_eq!(t.stats.valid_actions, 0);
+        let text = decode(&ctx, t.token_ids());
+        assert_eq!(text.matches("My previous action is invalid.").count(), 2, "{text}");
+        assert_eq!(t.reward, 0.0);
+        assert_eq!(t.status, Status::Completed);
+    }
+
+    #[tokio::test]
+    async fn a_search_in_the_final_round_is_not_executed() {
+        let search = |_: &str, _: usize| Reply::Text("<search> capital </search>".into());
+        let ctx = context(ScriptedEngine::new(Tokenizer::load(fixture()).unwrap(), search), true);
+        let t = run(SearchR1Config { max_turns: 1, ..SearchR1Config::default() }, &ctx).await;
+        assert_eq!(t.stats.turns, 2);
+        assert_eq!(t.stats.tool_calls["search"].ok, 1, "only the first round searched");
+    }
+
+    #[tokio::test]
+    async fn tool_failure_is_a_masked_observation_and_a_counted_failure() {
+        let ctx = context(
+            scripted(vec![
+                Reply::Text("<search> x </search>".into()),
+                Reply::Text("<answer> Paris </answer>".into()),
+            ]),
+            false,
+        );
+        let t = run(SearchR1Config::default(), &ctx).await;
+        assert_eq!(t.stats.tool_calls["search"].failed, 1);
+        assert!(
+            decode(&ctx, t.token_ids())
+                .contains("<information>Error: search failed: connection refused</information>")
+        );
+        assert_eq!((t.status, t.reward), (Status::Completed, 1.0));
+    }
+
+    #[tokio::test]
+    async fn engine_failure_after_retries_aborts() {
+        let failing = EngineError::Unavailable { engine: "scripted".into(), reason: "down".into() };
+        let ctx = context(
+            scripted(vec![
+                Reply::Text("<search> x </search>".into()),
+                Reply::Fail(failing.clone()),
+                Reply::Fail(failing),
+            ]),
+            true,
+        );
+        let t = run(SearchR1Config::default(), &ctx).await;
+        assert_eq!(t.status, Status::Aborted);
+        assert_eq!(t.stats.turns, 1);
+    }
+
+    #[tokio::test]
+    async fn the_trajectory_token_cap_truncates() {
+        let ctx = context(scripted(vec![Reply::Text("<think>".to_string() + &"long ".repeat(200))]), true);
+        let prompt_len =
+            run(SearchR1Config { max_trajectory_tokens: 100_000, ..SearchR1Config::default() }, &ctx)
+                .await
+                .prompt_len();
+        let ctx = context(scripted(vec![Reply::Text("<think>".to_string() + &"long ".repeat(200))]), true);
+        let t =
+            run(SearchR1Config { max_trajectory_tokens: prompt_len + 20, ..SearchR1Config::default() }, &ctx)
+                .await;
+        assert_eq!(t.status, Status::Truncated);
+        assert_eq!(t.len(), prompt_len + 20);
+    }
+}

@@ -1,0 +1,473 @@
+//! Tool-integrated reasoning's loop, as upstream `examples/tir/tir_workflow.py`
+//! (`_multi_round_response`) runs it around the [`TirEpisode`] state machine: generation stops at
+//! any tool's start marker, then at an end marker, and the call between them runs — Python code in
+//! the [`PythonSandbox`](crate::tools::python::PythonSandbox), arithmetic in the
+//! [`calculator`](crate::tools::calculator) — with its output appended as an observation (loss
+//! mask 0) before generation resumes. The episode ends at an answer (`\boxed{…}` or
+//! `<answer>…</answer>`), at the end of the sequence, once more than `max_turns` tool calls were
+//! made (upstream's `turn <= max_turns`), or at `max_length` tokens (status `truncated`). The
+//! reward is [`score`] of the completion against the first golden answer.
+//!
+//! Differences from upstream:
+//! - upstream generates past `max_length`, cuts the sequence afterwards and scores the uncut
+//!   text; kart never goes past it (each generation's budget is the room left, an observation is
+//!   cut to it), so the reward scores exactly the decoded response tokens;
+//! - every end-of-sequence token of the model ends the episode (upstream checks `eos_token_id` and
+//!   `pad_token_id` only), and so does an empty generation;
+//! - a Python call without a configured executor, or whose sandbox fails, is a failed call whose
+//!   observation is the error.
+
+use super::{Context, Environment, RolloutError};
+use crate::agent::tir::{
+    FinishReason as TirFinish, Step, TirConfig, TirEpisode, Tool, ToolCall, ToolOutcome, system_prompt,
+    torl_prompt,
+};
+use crate::agent::trajectory::{Status, Trajectory};
+use crate::model::{ChatMessage, FinishReason, Generation, GenerationRequest, SamplingParams};
+use crate::reward::math::score;
+use crate::rollout::builder::TrajectoryBuilder;
+use crate::rollout::retry;
+use crate::rollout::task::{Task, TaskError};
+use crate::tools::calculator::calculate;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// How the prompt is built from a task (upstream `is_chat_model`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum TirPrompt {
+    /// The ToRL instruction around the question, as raw text for a base model (upstream's default).
+    #[default]
+    Torl,
+    /// A system message describing the tools, then the task's messages, through the chat template.
+    Chat,
+}
+
+/// Settings of the TIR environment; defaults are upstream's `TIRConfig`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TirEnvConfig {
+    /// The tools the model may call, `python` and `calculator`, in routing order (upstream
+    /// `enable_tools`).
+    #[serde(with = "tool_names")]
+    pub tools: Vec<Tool>,
+    /// Tool calls allowed: generation goes on while at most this many were made.
+    pub max_turns: usize,
+    /// Most tokens in the trajectory, prompt included; reaching it ends the episode as `truncated`.
+    pub max_length: usize,
+    /// How the prompt is built.
+    pub prompt: TirPrompt,
+}
+
+impl Default for TirEnvConfig {
+    fn default() -> Self {
+        let agent = TirConfig::default();
+        TirEnvConfig {
+            tools: agent.tools,
+            max_turns: agent.max_turns,
+            max_length: 3000,
+            prompt: TirPrompt::Torl,
+        }
+    }
+}
+
+/// The TIR environment.
+#[derive(Debug, Clone)]
+pub struct TirEnv {
+    config: TirEnvConfig,
+}
+
+impl TirEnv {
+    pub fn new(config: TirEnvConfig) -> Self {
+        TirEnv { config }
+    }
+
+    /// The prompt's token ids. ToRL reads the first message after a leading system message (upstream
+    /// reads `messages[1]` once the system prompt is first); the chat form puts the tools' system
+    /// prompt in place of a leading system message, or before the messages.
+    fn prompt_ids(&self, ctx: &Context, task: &Task) -> Result<Vec<u32>, RolloutError> {
+        let mut messages = task.messages_or(|question| Ok(question.to_owned()))?;
+        let has_system = messages[0].role == "system";
+        match self.config.prompt {
+            TirPrompt::Torl => {
+                let question = messages.get(usize::from(has_system)).ok_or_else(|| TaskError::Invalid {
+                    id: task.id.clone(),
+                    field: "messages",
+                    reason: "no message follows the system message".into(),
+                })?;
+                Ok(ctx.tokenizer.encode(&torl_prompt(&question.content), false)?)
+            }
+            TirPrompt::Chat => {
+                let system = ChatMessage::new("system", system_prompt(&self.config.tools));
+                if has_system {
+                    messages[0] = system;
+                } else {
+                    messages.insert(0, system);
+                }
+                ctx.prompt_ids(&messages)
+            }
+        }
+    }
+
+    async fn episode(
+        &self,
+        ctx: &Context,
+        task: &Task,
+        id: String,
+        sampling: &SamplingParams,
+    ) -> Result<Trajectory, RolloutError> {
+        let c = &self.config;
+        let started = Instant::now();
+        let prompt_ids = self.prompt_ids(ctx, task)?;
+        let mut b = TrajectoryBuilder::new(id, task.id.clone(), &prompt_ids, ctx.tokenizer.clone());
+        let mut episode = TirEpisode::new(&TirConfig { tools: c.tools.clone(), max_turns: c.max_turns });
+        let mut status = Status::Completed;
+        while episode.within_turn_limit() {
+            let room = c.max_length.saturating_sub(b.len());
+            if room == 0 {
+                status = Status::Truncated;
+                break;
+            }
+            let request = GenerationRequest {
+                input_ids: b.token_ids().to_vec(),
+                sampling: sampling.clone(),
+                max_new_tokens: room,
+                stop: episode.stop_strings().into_iter().map(String::from).collect(),
+                stop_token_ids: Vec::new(),
+                ignore_eos: false,
+            };
+            let output = match retry::generate(ctx.engine.as_ref(), request, &ctx.retry).await {
+                Ok(output) => output,
+                Err(e) => {
+                    tracing::warn!(error = %e, task = %task.id, "engine failed; trajectory aborted");
+                    status = Status::Aborted;
+                    break;
+                }
+            };
+            let text = b.push_model(&output)?;
+            let observation = match episode.consume_generation(&text, finish(ctx, &output.generation)) {
+                Step::Generate => continue,
+                Step::Done => break,
+                Step::Execute(call) => {
+                    let (tool, outcome) = execute(ctx, call).await;
+                    let successes = episode.tool_successes();
+                    let observation = episode.record_tool_result(&outcome);
+                    let stats = &mut b.trajectory_mut().stats;
+                    stats.record_tool_call(tool_name(tool), episode.tool_successes() > successes);
+                    stats.valid_actions += 1;
+                    observation
+                }
+                Step::Observe(observation) => {
+                    // A rejected call: the end marker that closed it names its tool.
+                    if let Some(tool) =
+                        c.tools.iter().find(|tool| tool.end_markers().iter().any(|m| text.ends_with(m)))
+                    {
+                        b.trajectory_mut().stats.record_tool_call(tool_name(*tool), false);
+                    }
+                    observation
+                }
+            };
+            let room = c.max_length.saturating_sub(b.len());
+            if b.push_env(&observation, Some(room))? != observation {
+                status = Status::Truncated;
+                break;
+            }
+        }
+        let completion = ctx.tokenizer.decode(b.trajectory_mut().response_ids(), false)?;
+        let t = b.trajectory_mut();
+        t.reward = task.ground_truth.first().map_or(0.0, |gold| score(&completion, gold));
+        t.status = status;
+        t.stats.latency_ms = started.elapsed().as_millis() as u64;
+        Ok(b.finish())
+    }
+}
+
+/// How a generation ended, in the protocol's terms: the end of the sequence (see
+/// [`Context::ends_sequence`]), the token budget, or a stop string.
+fn finish(ctx: &Context, generation: &Generation) -> TirFinish {
+    if ctx.ends_sequence(&generation.token_ids) {
+        TirFinish::Eos
+    } else if generation.finish_reason == FinishReason::Length {
+        TirFinish::Length
+    } else {
+        TirFinish::Stop
+    }
+}
+
+/// Runs a call; returns its tool and outcome.
+async fn execute(ctx: &Context, call: ToolCall) -> (Tool, ToolOutcome) {
+    match call {
+        ToolCall::Python { code } => {
+            let outcome = match &ctx.python {
+                Some(sandbox) => sandbox.run(&code).await.unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "python sandbox failed");
+                    e.into()
+                }),
+                None => ToolOutcome::Failed { message: "no Python executor is configured".into() },
+            };
+            (Tool::Python, outcome)
+        }
+        ToolCall::Calculator { expression } => (Tool::Calculator, calculate(&expression)),
+    }
+}
+
+/// A tool's name in configs and statistics.
+fn tool_name(tool: Tool) -> &'static str {
+    match tool {
+        Tool::Python => "python",
+        Tool::Calculator => "calculator",
+    }
+}
+
+/// Tools as their names in configs: `["python", "calculator"]`.
+mod tool_names {
+    use super::tool_name;
+    use crate::agent::tir::Tool;
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    const TOOLS: [Tool; 2] = [Tool::Python, Tool::Calculator];
+
+    pub fn serialize<S: Serializer>(tools: &[Tool], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(tools.iter().map(|&tool| tool_name(tool)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Tool>, D::Error> {
+        Vec::<String>::deserialize(deserializer)?
+            .iter()
+            .map(|name| {
+                TOOLS
+                    .into_iter()
+                    .find(|&tool| tool_name(tool) == name)
+                    .ok_or_else(|| D::Error::unknown_variant(name, &["python", "calculator"]))
+            })
+            .collect()
+    }
+}
+
+impl Environment for TirEnv {
+    fn name(&self) -> &'static str {
+        "tir"
+    }
+
+    fn run<'a>(
+        &'a self,
+        ctx: &'a Context,
+        task: &'a Task,
+        trajectory_id: String,
+        sampling: &'a SamplingParams,
+    ) -> BoxFuture<'a, Result<Trajectory, RolloutError>> {
+        Box::pin(self.episode(ctx, task, trajectory_id, sampling))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ChatTemplate, Tokenizer};
+    use crate::rollout::engine::EngineError;
+    use crate::rollout::env::EnvConfig;
+    use crate::rollout::fake::{Reply, ScriptedEngine};
+    use crate::rollout::retry::RetryPolicy;
+    use crate::tools::python::{PythonSandbox, SandboxConfig};
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    const QUESTION: &str = "What is 6 times 7?";
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/models/tiny-qwen2")
+    }
+
+    /// A context answering `replies` in order (then failing), with the given Python executor.
+    fn context(replies: Vec<Reply>, python: Option<SandboxConfig>) -> Context {
+        let tokenizer = Tokenizer::load(fixture()).unwrap();
+        let engine = ScriptedEngine::new(tokenizer.clone(), move |_, call| {
+            replies.get(call).cloned().unwrap_or(Reply::Fail(EngineError::Invalid("script exhausted".into())))
+        });
+        Context {
+            engine: Arc::new(engine),
+            tokenizer,
+            chat_template: ChatTemplate::load(fixture()).unwrap(),
+            search: None,
+            access: None,
+            python: python.map(|config| Arc::new(PythonSandbox::new(config).unwrap())),
+            retry: RetryPolicy { retries: 1, backoff_ms: 1 },
+        }
+    }
+
+    fn texts(replies: &[&str]) -> Vec<Reply> {
+        replies.iter().map(|r| Reply::Text(r.to_string())).collect()
+    }
+
+    async fn run(config: TirEnvConfig, ctx: &Context) -> Trajectory {
+        let task = Task {
+            id: "m1".into(),
+            messages: None,
+            prompt: Some(QUESTION.into()),
+            ground_truth: vec!["42".into()],
+            data_source: "math".into(),
+        };
+        TirEnv::new(config).run(ctx, &task, "t0".into(), &SamplingParams::default()).await.unwrap()
+    }
+
+    fn with_tools(tools: &[Tool]) -> TirEnvConfig {
+        TirEnvConfig { tools: tools.to_vec(), ..TirEnvConfig::default() }
+    }
+
+    /// Checks that the trajectory decodes to the ToRL prompt then `completion`, with `observations`
+    /// as its only masked text after the prompt, and that its reward is the score of `completion`.
+    fn assert_transcript(ctx: &Context, t: &Trajectory, completion: &str, observations: &[&str]) {
+        let decode = |ids: &[u32]| ctx.tokenizer.decode(ids, false).unwrap();
+        assert_eq!(decode(t.token_ids()), format!("{}{completion}", torl_prompt(QUESTION)));
+        assert_eq!(decode(t.response_ids()), completion);
+        assert_eq!(t.reward, score(completion, "42"));
+        let masked: Vec<u32> = t
+            .response_ids()
+            .iter()
+            .zip(&t.loss_mask()[t.prompt_len()..])
+            .filter(|(_, m)| **m == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(decode(&masked), observations.concat());
+    }
+
+    #[tokio::test]
+    async fn python_success() {
+        let ctx = context(
+            texts(&["Let me compute.\n```python", "\nprint(6 * 7)\n```", "So the answer is \\boxed{42}."]),
+            Some(SandboxConfig::default()),
+        );
+        let t = run(TirEnvConfig::default(), &ctx).await;
+        assert_eq!((t.status, t.reward, t.stats.turns), (Status::Completed, 1.0, 3));
+        assert_eq!((t.stats.tool_calls["python"].ok, t.stats.valid_actions), (1, 1));
+        let observation = "\n```output\n42\n```\n";
+        let completion = format!(
+            "Let me compute.\n```python\nprint(6 * 7)\n```{observation}So the answer is \\boxed{{42}}."
+        );
+        assert_transcript(&ctx, &t, &completion, &[observation]);
+    }
+
+    #[tokio::test]
+    async fn python_timeout_is_a_failed_call() {
+        let ctx = context(
+            texts(&["```python", "\nwhile True:\n    pass\n```", "I could not compute it: \\boxed{0}"]),
+            Some(SandboxConfig { timeout_secs: 1, ..SandboxConfig::default() }),
+        );
+        let t = run(TirEnvConfig::default(), &ctx).await;
+        assert_eq!((t.status, t.reward), (Status::Completed, 0.0));
+        assert_eq!(t.stats.tool_calls["python"].failed, 1);
+        let observation = "\n```output\nError: Timeout Error\n```\n";
+        let completion =
+            format!("```python\nwhile True:\n    pass\n```{observation}I could not compute it: \\boxed{{0}}");
+        assert_transcript(&ctx, &t, &completion, &[observation]);
+    }
+
+    #[tokio::test]
+    async fn without_an_executor_python_calls_fail_with_an_error_observation() {
+        let ctx = context(texts(&["<python>", "print(42)</python>", "\\boxed{42}"]), None);
+        let t = run(TirEnvConfig::default(), &ctx).await;
+        assert_eq!((t.status, t.reward), (Status::Completed, 1.0));
+        assert_eq!(t.stats.tool_calls["python"].failed, 1);
+        let observation =
+            "\n```output\nError: Tool execution failed - Error: no Python executor is configured\n```\n";
+        assert_transcript(
+            &ctx,
+            &t,
+            &format!("<python>print(42)</python>{observation}\\boxed{{42}}"),
+            &[observation],
+        );
+    }
+
+    #[tokio::test]
+    async fn calculator_calls_and_rejections() {
+        let ctx = context(
+            texts(&[
+                "First <calculator>",
+                "2 ^ 3</calculator>",
+                " Again: <calculator>",
+                "6 * 7</calculator>",
+                " so \\boxed{42}",
+            ]),
+            None,
+        );
+        let t = run(with_tools(&[Tool::Calculator]), &ctx).await;
+        assert_eq!((t.status, t.reward, t.stats.turns), (Status::Completed, 1.0, 5));
+        let calls = t.stats.tool_calls["calculator"];
+        assert_eq!((calls.ok, calls.failed, t.stats.valid_actions), (1, 1, 1));
+        let rejected = "\n```output\nError: Tool execution failed - Error: Invalid expression\n```\n";
+        let value = "\n```output\n42\n```\n";
+        let completion = format!(
+            "First <calculator>2 ^ 3</calculator>{rejected} Again: <calculator>6 * 7</calculator>{value} so \\boxed{{42}}"
+        );
+        assert_transcript(&ctx, &t, &completion, &[rejected, value]);
+    }
+
+    #[tokio::test]
+    async fn an_answer_ends_the_episode() {
+        let ctx = context(texts(&["6 * 7 = 42, so \\boxed{42}. To check: ```python"]), None);
+        let t = run(TirEnvConfig::default(), &ctx).await;
+        assert_eq!((t.status, t.reward, t.stats.turns), (Status::Completed, 1.0, 1));
+        assert_transcript(&ctx, &t, "6 * 7 = 42, so \\boxed{42}. To check: ```python", &[]);
+    }
+
+    #[tokio::test]
+    async fn an_end_of_sequence_token_ends_the_episode() {
+        let ctx = context(texts(&["It is 42.<|im_end|>"]), None);
+        let t = run(TirEnvConfig::default(), &ctx).await;
+        assert_eq!((t.status, t.stats.turns), (Status::Completed, 1));
+    }
+
+    #[tokio::test]
+    async fn generation_stops_after_max_turns_calls() {
+        let ctx = context(texts(&["<calculator>", "1 + 1</calculator>", "never generated"]), None);
+        let t = run(TirEnvConfig { max_turns: 0, ..with_tools(&[Tool::Calculator]) }, &ctx).await;
+        assert_eq!((t.status, t.stats.turns, t.stats.tool_calls["calculator"].ok), (Status::Completed, 2, 1));
+    }
+
+    #[tokio::test]
+    async fn engine_failure_after_retries_aborts_keeping_the_tokens() {
+        let ctx = context(texts(&["Let me compute.\n```python"]), None);
+        let t = run(TirEnvConfig::default(), &ctx).await;
+        assert_eq!((t.status, t.stats.turns), (Status::Aborted, 1));
+        assert_transcript(&ctx, &t, "Let me compute.\n```python", &[]);
+    }
+
+    #[tokio::test]
+    async fn max_length_truncates() {
+        let ctx = context(texts(&[&"long ".repeat(100)]), None);
+        let prompt_len = ctx.tokenizer.encode(&torl_prompt(QUESTION), false).unwrap().len();
+        let t = run(TirEnvConfig { max_length: prompt_len + 10, ..TirEnvConfig::default() }, &ctx).await;
+        assert_eq!((t.status, t.len(), t.stats.turns), (Status::Truncated, prompt_len + 10, 1));
+    }
+
+    #[tokio::test]
+    async fn the_chat_prompt_describes_the_tools() {
+        let ctx = context(texts(&["\\boxed{42}"]), None);
+        let t = run(TirEnvConfig { prompt: TirPrompt::Chat, ..TirEnvConfig::default() }, &ctx).await;
+        let text = ctx.tokenizer.decode(t.token_ids(), false).unwrap();
+        assert!(
+            text.starts_with("<|im_start|>system\n\nYou are a helpful assistant that can use tools"),
+            "{text}"
+        );
+        assert!(text.contains("Tool Name: python_executor") && !text.contains("python calculator"), "{text}");
+        assert!(
+            text.ends_with(&format!(
+                "<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n\\boxed{{42}}"
+            )),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn config_names_the_tools() {
+        let config: EnvConfig =
+            serde_json::from_str(r#"{"kind": "tir", "tools": ["python", "calculator"]}"#).unwrap();
+        assert_eq!(config, EnvConfig::Tir(with_tools(&[Tool::Python, Tool::Calculator])));
+        let json = serde_json::to_value(TirEnvConfig::default()).unwrap();
+        assert_eq!(json["tools"], serde_json::json!(["python"]));
+        let err = serde_json::from_str::<EnvConfig>(r#"{"kind": "tir", "tools": ["shell"]}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown variant `shell`"), "{err}");
+    }
+}
