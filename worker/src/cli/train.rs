@@ -38,7 +38,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         let registry = Registry::new();
         let (status, weights, ready) =
             (StatusHandle::default(), WeightStore::default(), Readiness::default());
-        let addr = format!("{}:{}", config.host, config.port);
+        let addr = kart::http::bind_address(&config.host, config.port);
         let listener =
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("listen on {addr}"))?;
         let port = listener.local_addr()?.port();
