@@ -118,7 +118,8 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
     axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM (what a pod gets when it is deleted, suspended or evicted).
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
