@@ -2,7 +2,8 @@
 //!
 //! - Pod addresses: every Pod gets its own address in 127.0.0.0/8, and its servers listen there
 //!   (kart's servers take it from `KART_BIND_ADDRESS` in place of the `0.0.0.0` their configs
-//!   name), so Pods use the ports their specs declare without colliding.
+//!   name), so Pods use the ports their specs declare without colliding (but a process of this
+//!   machine that listens on such a port on every address keeps Pods from binding it).
 //! - Services: an HTTP proxy plays cluster DNS and kube-proxy. Processes get `HTTP_PROXY` pointing
 //!   at it, and it sends a request for `http://<service>.<namespace>.svc[.cluster.local]:<port>/…`
 //!   to a ready endpoint of that Service: a running Pod its selector matches (ready, unless the
