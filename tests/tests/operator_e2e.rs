@@ -120,9 +120,11 @@ async fn trainer_pod(cluster: &Cluster, name: &str, attempt: i32) -> Pod {
     let pods = Api::<Pod>::namespaced(cluster.client.clone(), NAMESPACE);
     let selector = format!("app.kubernetes.io/instance={name},kart.dev/attempt={attempt}");
     cluster
-        .wait(&format!("the trainer Pod of {name}, attempt {attempt}"), Duration::from_secs(60), async || {
-            pods.list(&ListParams::default().labels(&selector)).await.ok()?.items.pop()
-        })
+        .wait(
+            &format!("the trainer Pod of {name}, attempt {attempt}"),
+            Duration::from_secs(120),
+            async || pods.list(&ListParams::default().labels(&selector)).await.ok()?.items.pop(),
+        )
         .await
 }
 
@@ -186,7 +188,7 @@ async fn training_jobs_run_restart_from_checkpoints_and_stop_through_the_operato
     // SAFETY: SIGKILL to the trainer process the kubelet started, as an out-of-memory kill would.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
     cluster
-        .wait("the killed trainer gone", Duration::from_secs(10), async || (!alive(pid)).then_some(()))
+        .wait("the killed trainer gone", Duration::from_secs(30), async || (!alive(pid)).then_some(()))
         .await;
     // The newest checkpoint it left (a fast step may have added one after the first).
     let checkpoints = std::fs::read_dir(output.join("checkpoints")).unwrap();
@@ -216,7 +218,7 @@ async fn training_jobs_run_restart_from_checkpoints_and_stop_through_the_operato
     assert_eq!(steps, (0..steps.len() as u64).collect::<Vec<_>>(), "no step twice, none missing");
     // The operator follows the resumed trainer through its Service (the killed one, checkpointing
     // every 2 steps, never got past step newest + 2).
-    let status = training_job_status(&cluster, "resume", Duration::from_secs(60), |s| {
+    let status = training_job_status(&cluster, "resume", Duration::from_secs(120), |s| {
         s.attempts == 2 && s.step > newest + 2
     })
     .await;

@@ -63,7 +63,7 @@ impl Cluster {
         let http = reqwest::Client::new();
         let ready = format!("{}/readyz", cluster.operator.url);
         cluster
-            .wait("the operator ready", Duration::from_secs(30), async || {
+            .wait("the operator ready", Duration::from_secs(60), async || {
                 http.get(&ready).send().await.ok().filter(|r| r.status().is_success()).map(drop)
             })
             .await;
