@@ -1,4 +1,8 @@
-//! Helpers for kart's process-level tests: locating the built binaries and the shared test material.
+//! Helpers for kart's process-level tests: locating the built binaries and the shared test
+//! material, a small synthetic world to train on, and [`cluster`], a Kubernetes cluster simulated
+//! on this machine for end-to-end tests of the operator.
+
+pub mod cluster;
 
 use std::path::{Path, PathBuf};
 
@@ -73,4 +77,57 @@ pub fn wait_ready(url: &str, child: &mut Child, deadline: std::time::Duration) {
         std::thread::yield_now();
         std::thread::park_timeout(std::time::Duration::from_millis(50));
     }
+}
+
+/// A fresh, empty folder `<temp>/<tag>-<pid>`.
+pub fn fresh_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a temporary folder");
+    dir
+}
+
+/// A synthetic Search-R1 world of five capitals in `dir`: `corpus.jsonl` (a passage each),
+/// `train.jsonl` (a question each) and `test.jsonl` (the first two questions).
+pub fn write_capitals(dir: &Path) {
+    use serde_json::{Value, json};
+    let facts = [
+        ("France", "Paris"),
+        ("Germany", "Berlin"),
+        ("Italy", "Rome"),
+        ("Spain", "Madrid"),
+        ("Peru", "Lima"),
+    ];
+    let write = |name: &str, rows: Vec<Value>| {
+        let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+        std::fs::write(dir.join(name), text).expect("write the synthetic data");
+    };
+    let passage = |(i, (country, city)): (usize, &(&str, &str))| {
+        let contents = format!("\"{city}\"\n{city} is the capital of {country}.");
+        json!({"id": i.to_string(), "contents": contents})
+    };
+    write("corpus.jsonl", facts.iter().enumerate().map(passage).collect());
+    let questions = |take: usize, tag: &str| -> Vec<Value> {
+        let question = |(i, (country, city)): (usize, &(&str, &str))| {
+            let content = format!("Capital of {country}? Search, then answer.");
+            let messages = [json!({"role": "user", "content": content})];
+            json!({"id": format!("{tag}{i}"), "messages": messages, "answer": city})
+        };
+        facts.iter().take(take).enumerate().map(question).collect()
+    };
+    write("train.jsonl", questions(5, "q"));
+    write("test.jsonl", questions(2, "t"));
+}
+
+/// The steps of the records of a training run's `metrics.jsonl` in `output_dir`, in order.
+pub fn steps_logged(output_dir: &Path) -> Vec<u64> {
+    std::fs::read_to_string(output_dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("a JSON record")["step"]
+                .as_f64()
+                .unwrap_or(-1.0) as u64
+        })
+        .collect()
 }

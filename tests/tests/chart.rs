@@ -1,30 +1,25 @@
 //! The Helm chart, Grafana dashboards, Prometheus rules and example resources of `charts/` and
 //! `deploy/`: rendered and linted with Helm's own library, validated against the Kubernetes and CRD
 //! schemas and the worker's config types, their PromQL parsed by promtool, every metric they use
-//! checked against what running kart processes export, and the processes scraped by a real
-//! Prometheus server that also evaluates the alerting rules.
+//! checked against what running kart processes export (the operator among them, reconciling
+//! against the fake API server), and the processes scraped by a real Prometheus server that also
+//! evaluates the alerting rules.
 
 use kart::retriever::config::RetrieverConfig;
 use kart::rollout::config::RolloutConfig;
 use kart::rollout::env::EnvConfig;
 use kart::train::config::TrainConfig;
+use kart_operator::crd::{Retriever, TrainingJob};
+use kart_tests::cluster::apiserver::ApiServer;
+use kart_tests::cluster::operator::Operator;
 use kart_tests::{Child, binary, free_port, python, repo_root, shared_dir, wait_ready};
+use kube::Api;
+use kube::api::PostParams;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// Metrics of processes this test cannot run yet (`kart train` and `kart-operator` are being
-/// written): dashboards and alerts use them, a scrape cannot show them. When a process exists, add
-/// it to [`start_kart`] and remove its names here; the test fails while a scraped process exports a
-/// name still listed.
-const PENDING_METRICS: &[&str] = &[
-    "kart_operator_reconciles_total",
-    "kart_operator_reconcile_errors_total",
-    "kart_operator_reconcile_duration_seconds",
-    "kart_operator_training_jobs",
-];
 
 /// Runs a script of `tests/chart/` with the project venv's Python, failing with its output.
 fn run_script(script: &str) -> Output {
@@ -225,8 +220,9 @@ fn poll<T>(what: &str, deadline: Duration, mut f: impl FnMut() -> Option<T>) -> 
 /// Running kart processes on loopback, with traffic that exercises their metrics.
 struct Kart {
     _children: Vec<Child>,
-    /// Each scraped process: its name and `/metrics` URL. `kart-operator` joins this list when
-    /// it exists (see [`PENDING_METRICS`]).
+    /// The operator, the fake API server it reconciles against and the runtime serving that.
+    _operator: (Operator, ApiServer, tokio::runtime::Runtime),
+    /// Each scraped process: its name and `/metrics` URL.
     targets: Vec<(&'static str, String)>,
 }
 
@@ -335,14 +331,56 @@ fn start_kart(dir: &Path) -> Kart {
         (status["step"].as_u64()? >= 1).then_some(())
     });
 
+    let operator = start_operator(dir);
+    let operator_url = format!("{}/metrics", operator.0.url);
     Kart {
         _children: vec![retriever, sglang, rollout, trainer],
+        _operator: operator,
         targets: vec![
             ("retriever", format!("{retriever_url}/metrics")),
             ("rollout", format!("{rollout_url}/metrics")),
             ("trainer", format!("{trainer_url}/metrics")),
+            ("operator", operator_url),
         ],
     }
+}
+
+/// `kart-operator` against the fake API server, once it has reconciled a Retriever (its first
+/// attempt failing on an injected server error, so the error counter has a series) and a
+/// TrainingJob waiting for that Retriever (no kubelet runs its pods).
+fn start_operator(dir: &Path) -> (Operator, ApiServer, tokio::runtime::Runtime) {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let api = runtime.block_on(ApiServer::start(dir, "ml")).unwrap();
+    api.server.fail(axum::http::Method::PATCH, "/configmaps/web-retriever", 500, 1);
+    let operator = Operator::start(&api, dir, "ml", 10, None).unwrap();
+    let retriever: Retriever = serde_json::from_value(json!({
+        "apiVersion": "kart.dev/v1alpha1", "kind": "Retriever", "metadata": {"name": "web", "namespace": "ml"},
+        "spec": {"config": {"method": "serper"}},
+    }))
+    .unwrap();
+    let job: TrainingJob = serde_json::from_value(json!({
+        "apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "run", "namespace": "ml"},
+        "spec": {"retrieverRef": "web",
+                 "config": {"model": "/models/qwen", "data": {"train": "/data/train.parquet"}, "total_steps": 5}},
+    }))
+    .unwrap();
+    runtime.block_on(async {
+        let client = api.server.client("ml");
+        let post = PostParams::default();
+        Api::<Retriever>::namespaced(client.clone(), "ml").create(&post, &retriever).await.unwrap();
+        Api::<TrainingJob>::namespaced(client, "ml").create(&post, &job).await.unwrap();
+    });
+    let client = reqwest::blocking::Client::new();
+    let url = format!("{}/metrics", operator.url);
+    poll("the operator's metrics of both reconcilers", Duration::from_secs(60), || {
+        let page = client.get(&url).send().ok()?.text().ok()?;
+        let seen = [
+            r#"kart_operator_reconcile_errors_total{controller="retriever",reason="server_error"} 1"#,
+            r#"kart_operator_training_jobs{phase="WaitingForDependencies"} 1"#,
+        ];
+        seen.iter().all(|s| page.contains(s)).then_some(())
+    });
+    (operator, api, runtime)
 }
 
 #[test]
@@ -368,18 +406,14 @@ fn dashboards_and_alerts_use_only_metrics_kart_exports() {
     for name in metric_names(&rules) {
         used.entry(name).or_default().insert("deploy/prometheus/rules.yaml".into());
     }
-    let pending = |name: &str| {
-        let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
-        PENDING_METRICS.contains(&name) || PENDING_METRICS.contains(&base)
-    };
-    let missing: Vec<_> = used.iter().filter(|(name, _)| !exported(name, &all) && !pending(name)).collect();
+    let missing: Vec<_> = used.iter().filter(|(name, _)| !exported(name, &all)).collect();
     assert!(missing.is_empty(), "dashboards and alerts use metrics no kart process exports: {missing:#?}");
-    let stale: Vec<_> = PENDING_METRICS.iter().filter(|name| all.contains_key(**name)).collect();
-    assert!(stale.is_empty(), "exported now, remove from PENDING_METRICS: {stale:?}");
-    // Every retriever and rollout metric of the README's table is in the scrape (the traffic of
-    // start_kart reaches them all), so the check above saw every metric of those processes.
+    // Every retriever, rollout and operator metric of the README's table is in the scrape (the
+    // traffic of start_kart reaches them all), so the check above saw every metric of those
+    // processes.
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let documented = regex::Regex::new(r"(?m)^\| `(kart_(?:retriever|rollout)_[a-z0-9_]+)`").unwrap();
+    let documented =
+        regex::Regex::new(r"(?m)^\| `(kart_(?:retriever|rollout|operator)_[a-z0-9_]+)`").unwrap();
     let unseen: Vec<_> = documented
         .captures_iter(&readme)
         .map(|c| c[1].to_string())
@@ -444,6 +478,12 @@ fn prometheus_scrapes_kart_and_evaluates_the_alerts() {
         prometheus_query(&client, &base, r#"kart_trainer_step{job="kart-trainer"} >= 1"#).pop()
     });
     assert!(steps["value"][1].as_str().unwrap().parse::<f64>().unwrap() >= 1.0, "{steps}");
+    // And the operator's.
+    let waiting = poll("kart_operator_training_jobs scraped", deadline, || {
+        let query = r#"kart_operator_training_jobs{job="kart-operator", phase="WaitingForDependencies"}"#;
+        prometheus_query(&client, &base, query).pop()
+    });
+    assert_eq!(waiting["value"][1], "1", "{waiting}");
 
     // Every alerting rule loads and evaluates without error against the scraped series.
     let rules: Vec<Value> = poll("every rule evaluated", deadline, || {

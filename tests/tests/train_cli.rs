@@ -2,7 +2,7 @@
 //! model) and a real retriever (`kart retriever serve`): a short run completes, pushes its weights
 //! to the worker, and a run killed with SIGKILL resumes from its checkpoint with the same data order.
 
-use kart_tests::{Child, binary, free_port, shared_dir, wait_ready};
+use kart_tests::{Child, binary, free_port, fresh_dir, shared_dir, steps_logged, wait_ready, write_capitals};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,36 +17,8 @@ struct Services {
     worker_url: String,
 }
 
-fn write_lines(path: &Path, rows: &[Value]) {
-    std::fs::write(path, rows.iter().map(|r| r.to_string() + "\n").collect::<String>()).unwrap();
-}
-
 fn start_services(dir: &Path) -> Services {
-    let facts = [
-        ("France", "Paris"),
-        ("Germany", "Berlin"),
-        ("Italy", "Rome"),
-        ("Spain", "Madrid"),
-        ("Peru", "Lima"),
-    ];
-    let corpus: Vec<Value> = facts
-        .iter()
-        .enumerate()
-        .map(|(i, (c, city))| json!({"id": i.to_string(), "contents": format!("\"{city}\"\n{city} is the capital of {c}.")}))
-        .collect();
-    write_lines(&dir.join("corpus.jsonl"), &corpus);
-    let questions = |take: usize, tag: &str| -> Vec<Value> {
-        facts
-            .iter()
-            .take(take)
-            .enumerate()
-            .map(|(i, (c, city))| {
-                json!({"id": format!("{tag}{i}"), "messages": [{"role": "user", "content": format!("Capital of {c}? Search, then answer.")}], "answer": city})
-            })
-            .collect()
-    };
-    write_lines(&dir.join("train.jsonl"), &questions(5, "q"));
-    write_lines(&dir.join("test.jsonl"), &questions(2, "t"));
+    write_capitals(dir);
     let index = dir.join("index");
     let status = Command::new(binary("kart"))
         .args(["retriever", "index", "--method", "bm25", "--corpus"])
@@ -147,17 +119,9 @@ fn prompts_by_step(out: &Path) -> BTreeMap<u64, Vec<String>> {
     by_step
 }
 
-fn steps_logged(out: &Path) -> Vec<u64> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["step"].as_f64().unwrap() as u64)
-        .collect()
-}
-
 #[test]
 fn short_run_completes_and_resumes_after_sigkill() {
-    let dir = tempfile_dir("kart-train-e2e");
+    let dir = fresh_dir("kart-train-e2e");
     let services = start_services(&dir);
 
     // An uninterrupted run.
@@ -206,11 +170,4 @@ fn short_run_completes_and_resumes_after_sigkill() {
     .unwrap();
     assert_eq!(state["step"], 4);
     assert_eq!(state["policy_version"], 4);
-}
-
-fn tempfile_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

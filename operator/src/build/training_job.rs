@@ -131,7 +131,7 @@ pub fn children(tj: &TrainingJob) -> Result<TrainingJobChildren, InvalidSpec> {
                 &spec.checkpoint.access_modes,
             )
         }),
-        service: service(child(tj, &workload, COMPONENT), rank0, &[("http", TRAINER_PORT)], false),
+        service: rank0_service(tj, rank0),
         nodes_service: (spec.nodes > 1).then(|| {
             service(
                 child(tj, &nodes_service_name(&name), COMPONENT),
@@ -141,6 +141,21 @@ pub fn children(tj: &TrainingJob) -> Result<TrainingJobChildren, InvalidSpec> {
             )
         }),
     })
+}
+
+/// Rank 0's Service. It routes to the trainer before any readiness probe passed: the trainer
+/// tells the workers to pull its first weights from this Service as soon as it has loaded them.
+fn rank0_service(tj: &TrainingJob, selector: BTreeMap<String, String>) -> Service {
+    let mut s = service(
+        child(tj, &workload_name(&tj.name_any()), COMPONENT),
+        selector,
+        &[("http", TRAINER_PORT)],
+        false,
+    );
+    if let Some(spec) = s.spec.as_mut() {
+        spec.publish_not_ready_addresses = Some(true);
+    }
+    s
 }
 
 /// Attempt `attempt`'s trainer Job: `nodes` indexed pods with `MASTER_ADDR` (rank 0's stable
@@ -257,6 +272,12 @@ mod tests {
             selector.get(COMPLETION_INDEX).map(String::as_str),
             Some("0"),
             "the Service reaches rank 0"
+        );
+        let spec = c.service.spec.as_ref().unwrap();
+        assert_eq!(
+            (spec.publish_not_ready_addresses, spec.cluster_ip.as_deref()),
+            (Some(true), None),
+            "workers pull the first weights before the trainer's readiness probe ran"
         );
         assert_eq!(status_url(&tj), "http://run-trainer.ml.svc:8002/status");
     }

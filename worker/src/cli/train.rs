@@ -6,12 +6,16 @@ use anyhow::Context;
 use clap::Args;
 use kart::http::Readiness;
 use kart::train::TrainConfig;
-use kart::train::server::{StatusHandle, router};
+use kart::train::server::{Phase, StatusHandle, router};
 use kart::train::trainer::Trainer;
 use kart::train::weights::WeightStore;
 use prometheus::Registry;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// The exit code of a run stopped by a termination signal: 128 + SIGTERM, as if the signal had
+/// ended the process.
+const STOPPED: u8 = 143;
 
 /// Train a policy with RL (GRPO, Dr. GRPO, RLOO or PPO) against a rollout pool.
 #[derive(Debug, Args)]
@@ -38,7 +42,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         let registry = Registry::new();
         let (status, weights, ready) =
             (StatusHandle::default(), WeightStore::default(), Readiness::default());
-        let addr = format!("{}:{}", config.host, config.port);
+        let addr = kart::http::bind_address(&config.host, config.port);
         let listener =
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("listen on {addr}"))?;
         let port = listener.local_addr()?.port();
@@ -51,13 +55,25 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             Trainer::build(config, args.resume, &registry, status.clone(), weights, advertise)
         })?;
         ready.set(true);
-        let result = trainer.run().await;
+        // A pod being deleted, suspended or evicted gets SIGTERM: training stops at once (a step's
+        // update finishes first), and a resumed run continues from the newest checkpoint.
+        let result = tokio::select! {
+            result = trainer.run() => Some(result),
+            () = kart::http::shutdown_signal() => None,
+        };
+        if result.is_none() {
+            status.update(|s| s.phase = Phase::Stopped);
+        }
         // The operator reads the final status from this file (a pod's termination message).
         if let Some(path) = std::env::var_os("KART_STATUS_FILE") {
             let text = serde_json::to_string(&status.get())?;
             std::fs::write(&path, text)
                 .with_context(|| format!("KART_STATUS_FILE {}", path.to_string_lossy()))?;
         }
+        let Some(result) = result else {
+            eprintln!("stopped by a termination signal after step {}", status.get().step);
+            return Ok(ExitCode::from(STOPPED));
+        };
         let summary = result?;
         let em =
             |r: &Option<kart::train::eval::Report>| r.as_ref().map(|r| format!("{:.3}", r.all.exact_match));

@@ -91,12 +91,35 @@ pub fn ops_routes(registry: Registry, ready: Readiness) -> Router {
         )
 }
 
+/// Names the one address of a pod whose network it shares with other pods. Kubernetes gives every
+/// pod its own network namespace, where a server's wildcard host (`0.0.0.0`, `::`) is right and
+/// nothing sets this variable; where pods share the host's network instead (kart's end-to-end
+/// harness runs each simulated pod as a local process with its own loopback address), it keeps
+/// pods whose configs name the same port apart.
+pub const BIND_ADDRESS_ENV: &str = "KART_BIND_ADDRESS";
+
+/// The address a server configured for `host:port` listens on: `bind_address` (see
+/// [`BIND_ADDRESS_ENV`]) in place of a wildcard `host`, else `host` as configured.
+pub fn listen_address(host: &str, port: u16, bind_address: Option<&str>) -> String {
+    let wildcard = matches!(host, "0.0.0.0" | "::" | "[::]");
+    match bind_address.filter(|a| wildcard && !a.is_empty()) {
+        Some(address) => format!("{address}:{port}"),
+        None => format!("{host}:{port}"),
+    }
+}
+
+/// The address a server configured for `host:port` listens on, with [`BIND_ADDRESS_ENV`] applied.
+pub fn bind_address(host: &str, port: u16) -> String {
+    listen_address(host, port, std::env::var(BIND_ADDRESS_ENV).ok().as_deref())
+}
+
 /// Serves `router` on `listener` until SIGINT or SIGTERM, then finishes in-flight requests.
 pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
     axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM (what a pod gets when it is deleted, suspended or evicted).
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -139,6 +162,19 @@ mod tests {
         ready.set(true);
         assert_eq!(call(router.clone(), "/readyz").await.0, StatusCode::OK);
         assert_eq!(call(router, "/healthz").await, (StatusCode::OK, "ok".into()));
+    }
+
+    #[test]
+    fn only_a_wildcard_host_gives_way_to_the_bind_address() {
+        assert_eq!(listen_address("0.0.0.0", 8000, None), "0.0.0.0:8000");
+        assert_eq!(listen_address("0.0.0.0", 8000, Some("127.0.3.7")), "127.0.3.7:8000");
+        assert_eq!(listen_address("::", 8001, Some("127.0.3.7")), "127.0.3.7:8001");
+        assert_eq!(listen_address("0.0.0.0", 8000, Some("")), "0.0.0.0:8000");
+        assert_eq!(
+            listen_address("127.0.0.1", 8002, Some("127.0.3.7")),
+            "127.0.0.1:8002",
+            "a server configured for one address keeps it"
+        );
     }
 
     #[tokio::test]

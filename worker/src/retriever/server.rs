@@ -182,7 +182,7 @@ pub fn router(state: Arc<AppState>, registry: Registry) -> Router {
 /// Runs the service until SIGINT/SIGTERM: binds first, loads the backend in the background.
 pub async fn run(config: RetrieverConfig) -> Result<(), RetrieverError> {
     let registry = Registry::new();
-    let addr = format!("{}:{}", config.host, config.port);
+    let addr = http::bind_address(&config.host, config.port);
     let state = AppState::new(config.clone(), &registry)?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await

@@ -157,7 +157,7 @@ pub fn router(worker: Arc<Worker>, registry: Registry) -> Router {
 /// Runs the worker until SIGINT/SIGTERM.
 pub async fn run(config: RolloutConfig) -> Result<(), WorkerError> {
     let registry = Registry::new();
-    let addr = format!("{}:{}", config.host, config.port);
+    let addr = http::bind_address(&config.host, config.port);
     let worker = tokio::task::block_in_place(|| Worker::build(config, &registry))?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await

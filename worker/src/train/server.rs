@@ -23,6 +23,9 @@ pub enum Phase {
     Checkpointing,
     Finished,
     Failed,
+    /// Stopped by SIGTERM or SIGINT before the end (its pod was deleted, suspended or evicted); a
+    /// resumed run continues from the newest checkpoint.
+    Stopped,
 }
 
 /// The trainer's state as `/status` reports it.

@@ -1,0 +1,170 @@
+//! A Pod's filesystem on the host, and the one liberty the harness takes with what a container
+//! sees.
+//!
+//! Every Pod gets a root folder in which each volume mount is a symlink to its volume's folder:
+//! a ConfigMap's keys written as files into a folder of the Pod, a PersistentVolumeClaim's folder
+//! shared by every Pod that mounts the claim (the claim must exist), a `hostPath` itself, an
+//! `emptyDir` a folder of the Pod. The termination-message file (`/dev/termination-log` unless the
+//! container names another) is a file there too. A container's absolute paths under a mount point
+//! then become paths under the root: the harness prefixes them in the command, the args, the
+//! environment values and the string values of the ConfigMap files that are JSON; nothing else
+//! changes. Not simulated: `subPath`, read-only mounts (they are writable), other volume sources.
+
+use anyhow::{Context, anyhow, bail};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolumeClaim, Pod};
+use kube::Api;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The default `terminationMessagePath`.
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// A Pod's root folder and its container's mount points.
+#[derive(Debug, Clone)]
+pub struct RootFs {
+    root: PathBuf,
+    mount_points: Vec<String>,
+    termination_log: String,
+}
+
+impl RootFs {
+    /// Lays out the root of `pod` (running `container`) under `pod_dir`; `claim` gives the folder
+    /// of a claim of the Pod's namespace. Fails while a ConfigMap or claim it mounts is missing.
+    pub async fn mount(
+        client: &kube::Client,
+        pod: &Pod,
+        container: &Container,
+        pod_dir: &Path,
+        claim: impl Fn(&str) -> PathBuf,
+    ) -> anyhow::Result<RootFs> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let mounts = container.volume_mounts.clone().unwrap_or_default();
+        let termination_log = container.termination_message_path.clone().unwrap_or(TERMINATION_LOG.into());
+        let mut mount_points: Vec<String> = mounts.iter().map(|m| m.mount_path.clone()).collect();
+        mount_points.push(termination_log.clone());
+        let rootfs = RootFs { root: pod_dir.join("root"), mount_points, termination_log };
+        for mount in &mounts {
+            if mount.sub_path.is_some() || mount.sub_path_expr.is_some() {
+                bail!("volume mount {}: subPath is not simulated", mount.name);
+            }
+            let volume = pod
+                .spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .find(|v| v.name == mount.name)
+                .ok_or_else(|| anyhow!("volume mount {}: no volume of that name", mount.name))?;
+            let folder = if let Some(source) = &volume.config_map {
+                let name = &source.name;
+                let map = Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+                    .get_opt(name)
+                    .await?
+                    .ok_or_else(|| anyhow!("configmap \"{name}\" not found"))?;
+                let folder = pod_dir.join("volumes").join(&volume.name);
+                std::fs::create_dir_all(&folder)?;
+                for (key, text) in map.data.iter().flatten() {
+                    std::fs::write(folder.join(key), rootfs.map_file(key, text))?;
+                }
+                folder
+            } else if let Some(source) = &volume.persistent_volume_claim {
+                let name = &source.claim_name;
+                Api::<PersistentVolumeClaim>::namespaced(client.clone(), &namespace)
+                    .get_opt(name)
+                    .await?
+                    .ok_or_else(|| anyhow!("persistentvolumeclaim \"{name}\" not found"))?;
+                let folder = claim(name);
+                std::fs::create_dir_all(&folder)?;
+                folder
+            } else if let Some(source) = &volume.host_path {
+                PathBuf::from(&source.path)
+            } else if volume.empty_dir.is_some() {
+                let folder = pod_dir.join("volumes").join(&volume.name);
+                std::fs::create_dir_all(&folder)?;
+                folder
+            } else {
+                bail!(
+                    "volume {}: only configMap, persistentVolumeClaim, hostPath and emptyDir are simulated",
+                    volume.name
+                );
+            };
+            let link = rootfs.host_path(&mount.mount_path);
+            std::fs::create_dir_all(link.parent().context("a mount point below the root")?)?;
+            // From an earlier attempt that stopped at a missing volume.
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&folder, &link)
+                .with_context(|| format!("mounting {} at {}", folder.display(), link.display()))?;
+        }
+        let log = rootfs.termination_log();
+        std::fs::create_dir_all(log.parent().context("a termination log below the root")?)?;
+        std::fs::write(&log, "")?;
+        Ok(rootfs)
+    }
+
+    /// The Pod's root folder (the container's working directory).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the container's termination message is written.
+    pub fn termination_log(&self) -> PathBuf {
+        self.host_path(&self.termination_log)
+    }
+
+    /// `path` (absolute, in the container) below the root.
+    fn host_path(&self, path: &str) -> PathBuf {
+        self.root.join(path.trim_start_matches('/'))
+    }
+
+    /// `value` with a container path under a mount point moved below the root; anything else as is.
+    pub fn map(&self, value: &str) -> String {
+        let under =
+            |m: &String| value == m || value.strip_prefix(m.as_str()).is_some_and(|r| r.starts_with('/'));
+        match self.mount_points.iter().any(under) {
+            true => self.host_path(value).display().to_string(),
+            false => value.to_string(),
+        }
+    }
+
+    /// A ConfigMap file as the container reads it: JSON with its string values mapped.
+    fn map_file(&self, key: &str, text: &str) -> String {
+        match serde_json::from_str::<Value>(text) {
+            Ok(mut json) if key.ends_with(".json") => {
+                self.map_json(&mut json);
+                serde_json::to_string_pretty(&json).expect("JSON serialises")
+            }
+            _ => text.to_string(),
+        }
+    }
+
+    fn map_json(&self, value: &mut Value) {
+        match value {
+            Value::String(s) => *s = self.map(s),
+            Value::Array(items) => items.iter_mut().for_each(|v| self.map_json(v)),
+            Value::Object(fields) => fields.values_mut().for_each(|v| self.map_json(v)),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_paths_under_mount_points_move_below_the_root() {
+        let fs = RootFs {
+            root: "/tmp/pods/a/root".into(),
+            mount_points: vec!["/etc/kart".into(), "/data".into(), TERMINATION_LOG.into()],
+            termination_log: TERMINATION_LOG.into(),
+        };
+        assert_eq!(fs.map("/etc/kart/config.json"), "/tmp/pods/a/root/etc/kart/config.json");
+        assert_eq!(fs.map("/data"), "/tmp/pods/a/root/data");
+        assert_eq!(fs.map(TERMINATION_LOG), "/tmp/pods/a/root/dev/termination-log");
+        assert_eq!(fs.map("/database"), "/database", "a prefix that is no mount point");
+        assert_eq!(fs.map("http://wiki.ml.svc:8000/data"), "http://wiki.ml.svc:8000/data");
+        let config = r#"{"model": "/data/m", "urls": ["/etc/kart/x", "8000"], "n": 1}"#;
+        let mapped: Value = serde_json::from_str(&fs.map_file("config.json", config)).unwrap();
+        assert_eq!(mapped["model"], "/tmp/pods/a/root/data/m");
+        assert_eq!(mapped["urls"], serde_json::json!(["/tmp/pods/a/root/etc/kart/x", "8000"]));
+        assert_eq!(fs.map_file("notes.txt", "\"/data/m\""), "\"/data/m\"", "only JSON files");
+    }
+}
