@@ -1,5 +1,5 @@
-//! `kart bench model` as a developer runs it: a quick run against transformers writes its figures,
-//! and a missing anchor environment is reported with the way to install it.
+//! `kart bench` as a developer runs it: quick runs of the model and rollout benchmarks report their
+//! figures, and a missing anchor environment is reported with the way to install it.
 
 use kart_tests::{binary, repo_root};
 use serde_json::Value;
@@ -65,4 +65,26 @@ fn missing_anchor_python_says_how_to_install_it() {
         stderr.contains("/nonexistent/bin/python") && stderr.contains("bash scripts/setup.sh"),
         "{stderr}"
     );
+}
+
+#[test]
+fn quick_rollout_bench_reports_each_level() {
+    let out = Command::new(binary("kart")).args(["bench", "rollout", "--quick"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    // One row per level: concurrency, trajectories, wall, ideal, trajectories/s, overhead, the
+    // engine alone's overhead, CPU per trajectory.
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() == 8 && f[0].parse::<usize>().is_ok())
+        .collect();
+    assert_eq!(rows.iter().map(|r| r[0]).collect::<Vec<_>>(), ["1", "4"], "{stdout}");
+    for row in rows {
+        let wall: f64 = row[2].parse().unwrap();
+        let ideal: f64 = row[3].parse().unwrap();
+        assert!(wall >= ideal, "a level cannot beat the ideal: {row:?}");
+        assert!(row[5].ends_with('%') && row[6].ends_with('%'), "{row:?}");
+        assert!(row[7].parse::<f64>().unwrap() > 0.0, "{row:?}");
+    }
 }

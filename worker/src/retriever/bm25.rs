@@ -148,12 +148,16 @@ impl Bm25Index {
 }
 
 impl LocalIndex for Bm25Index {
-    /// Runs the queries in parallel on rayon's pool, one query per task.
+    /// Runs the queries in parallel on rayon's pool, one query per task; a single query runs on
+    /// the calling thread (handing it to the pool costs more than most searches).
     fn search_batch(
         &self,
         queries: &[String],
         topk: usize,
     ) -> Result<Vec<Vec<RetrievalResult>>, RetrieverError> {
+        if let [query] = queries {
+            return Ok(vec![self.search(query, topk)?]);
+        }
         queries
             .par_iter()
             .map_init(|| self.analyzer.clone(), |analyzer, query| self.search_with(analyzer, query, topk))
