@@ -119,15 +119,22 @@ pub fn write_capitals(dir: &Path) {
     write("test.jsonl", questions(2, "t"));
 }
 
-/// The steps of the records of a training run's `metrics.jsonl` in `output_dir`, in order.
-pub fn steps_logged(output_dir: &Path) -> Vec<u64> {
+/// The records of a training run's `metrics.jsonl` in `output_dir`, in order.
+pub fn step_records(output_dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(output_dir.join("metrics.jsonl"))
         .unwrap_or_default()
         .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).expect("a JSON record")["step"]
-                .as_f64()
-                .unwrap_or(-1.0) as u64
-        })
+        .map(|l| serde_json::from_str(l).expect("a JSON record"))
         .collect()
+}
+
+/// The steps of the records of a training run's `metrics.jsonl` in `output_dir`, in order.
+pub fn steps_logged(output_dir: &Path) -> Vec<u64> {
+    step_records(output_dir).iter().map(|r| r["step"].as_f64().unwrap_or(-1.0) as u64).collect()
+}
+
+/// The value of the sample `series` (a name with its labels as the text format writes them, e.g.
+/// `kart_x_total{kind="a"}`) in a Prometheus text exposition.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }

@@ -1,8 +1,9 @@
 //! The operator end to end on one machine: the real `kart-operator` reconciles a Retriever, a
 //! RolloutPool and TrainingJobs against the fake API server, and the simulated cluster of
 //! `kart_tests::cluster` runs the Pods its Deployments and Jobs imply as real `kart` processes
-//! (the index build, the retriever, a rollout worker on the fixture model, the trainers). A run
-//! succeeds with every step; a trainer killed midway is restarted by the operator from its
+//! (the index build, the retriever, two rollout workers on the fixture model behind their
+//! Service, the trainers). A run succeeds with every step, each worker generating with the weights
+//! of the version it was asked for; a trainer killed midway is restarted by the operator from its
 //! checkpoint; deleting a TrainingJob stops its processes.
 
 use k8s_openapi::api::batch::v1::Job;
@@ -12,7 +13,7 @@ use kart_operator::crd::rollout_pool::RolloutPoolPhase;
 use kart_operator::crd::training_job::{TrainingJobPhase, TrainingJobStatus};
 use kart_operator::crd::{Retriever, RolloutPool, TrainingJob};
 use kart_tests::cluster::Cluster;
-use kart_tests::{fresh_dir, shared_dir, steps_logged, write_capitals};
+use kart_tests::{fresh_dir, sample, shared_dir, step_records, steps_logged, write_capitals};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
@@ -51,13 +52,13 @@ fn retriever(data: &Path) -> Retriever {
     .unwrap()
 }
 
-/// A RolloutPool `pool` of one worker with the embedded engine on the fixture model.
+/// A RolloutPool `pool` of two workers with the embedded engine on the fixture model.
 fn rollout_pool(data: &Path) -> RolloutPool {
     serde_json::from_value(json!({
         "apiVersion": "kart.dev/v1alpha1", "kind": "RolloutPool",
         "metadata": {"name": "pool", "namespace": NAMESPACE},
         "spec": {
-            "replicas": 1, "retrieverRef": "wiki",
+            "replicas": 2, "retrieverRef": "wiki",
             "config": {
                 "model": "/models/tiny-qwen2", "engine": {"kind": "embedded", "max_batch": 16}, "env": env(),
             },
@@ -159,21 +160,36 @@ async fn training_jobs_run_restart_from_checkpoints_and_stop_through_the_operato
     );
     let pool =
         Api::<RolloutPool>::namespaced(client.clone(), NAMESPACE).get("pool").await.unwrap().status.unwrap();
-    assert_eq!((pool.phase, pool.ready_replicas), (RolloutPoolPhase::Ready, 1));
+    assert_eq!((pool.phase, pool.ready_replicas), (RolloutPoolPhase::Ready, 2));
     let output = cluster.kubelet.claim(NAMESPACE, "search-checkpoints");
     assert_eq!(steps_logged(&output), [0, 1, 2, 3, 4], "an evaluation at step 0, then one record per step");
     assert!(output.join("model/config.json").is_file(), "the final model is on the checkpoint claim");
-    // The pool's worker serves the last version the trainer published: it pulled each one from
-    // the trainer's Service.
+    // Each publish reached one worker through the Service; every trajectory still came from the
+    // version its step asked for (the other worker pulled it), and both workers end on the last
+    // version: the final evaluation's requests were balanced over them.
+    for record in &step_records(&output)[1..] {
+        assert_eq!(record["staleness/max"], 0.0, "a worker generated with old weights: {record}");
+    }
     let direct = reqwest::Client::builder().no_proxy().build().unwrap();
     let workers = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
         .list(&ListParams::default().labels("app.kubernetes.io/instance=pool"))
         .await
         .unwrap();
-    let [worker] = workers.items.as_slice() else { panic!("{workers:?}") };
-    let ip = worker.status.as_ref().unwrap().pod_ip.clone().unwrap();
-    let metrics = direct.get(format!("http://{ip}:8001/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains(&format!("\nkart_rollout_policy_version {STEPS}\n")), "{metrics}");
+    assert_eq!(workers.items.len(), 2, "{workers:?}");
+    let mut loads = [0.0; 2];
+    for worker in &workers.items {
+        let ip = worker.status.as_ref().unwrap().pod_ip.clone().unwrap();
+        let metrics =
+            direct.get(format!("http://{ip}:8001/metrics")).send().await.unwrap().text().await.unwrap();
+        let name = worker.name_any();
+        assert_eq!(sample(&metrics, "kart_rollout_policy_version"), Some(STEPS as f64), "{name}: {metrics}");
+        for (i, trigger) in ["push", "pull"].into_iter().enumerate() {
+            let series = format!("kart_rollout_weight_loads_total{{outcome=\"ok\",trigger=\"{trigger}\"}}");
+            loads[i] += sample(&metrics, &series).unwrap_or(0.0);
+        }
+    }
+    assert_eq!(loads[0], (STEPS + 1) as f64, "each of the versions 0..={STEPS} was pushed to one worker");
+    assert!(loads[1] >= 1.0, "the worker the last push missed pulled it");
 
     // 2. A trainer killed after its first checkpoint: the next attempt resumes from it.
     create(&client, training_job("resume", &data, 50)).await;

@@ -8,8 +8,10 @@
 //!   at it, and it sends a request for `http://<service>.<namespace>.svc[.cluster.local]:<port>/…`
 //!   to a ready endpoint of that Service: a running Pod its selector matches (ready, unless the
 //!   Service publishes addresses that are not), at the target port of the Service port the URL
-//!   names, round robin. A name that is no Service answers 502, a Service without that port or
-//!   without endpoints 503: where a client in a cluster would fail to resolve or to connect.
+//!   names, round robin per Service over the endpoints in address order (as kube-proxy's IPVS
+//!   mode does, but per request rather than per connection). A name that is no Service answers
+//!   502, a Service without that port or without endpoints 503: where a client in a cluster would
+//!   fail to resolve or to connect.
 
 use super::objects;
 use axum::body::Body;
@@ -20,9 +22,10 @@ use k8s_openapi::api::core::v1::{Pod, Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Api;
 use kube::api::ListParams;
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Hands out pod addresses `127.<a>.<b>.<c>`: `a` from the process id and `b` per network, so
 /// concurrent harnesses (in this process or another) stay apart.
@@ -59,14 +62,15 @@ impl Addresses {
 struct Proxy {
     client: kube::Client,
     http: reqwest::Client,
-    turn: AtomicUsize,
+    /// Requests sent so far to each Service (`<namespace>/<name>`).
+    turns: Mutex<HashMap<String, usize>>,
 }
 
 /// Serves the Service proxy on a free loopback port until the returned task is aborted; returns
 /// its URL (for `HTTP_PROXY`).
 pub async fn serve_proxy(client: kube::Client) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
     let http = reqwest::Client::builder().no_proxy().build().map_err(std::io::Error::other)?;
-    let proxy = Arc::new(Proxy { client, http, turn: AtomicUsize::new(0) });
+    let proxy = Arc::new(Proxy { client, http, turns: Mutex::default() });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let app = axum::Router::new().fallback(forward).with_state(proxy);
@@ -134,7 +138,7 @@ impl Proxy {
             .await
             .map_err(|e| gateway(e.to_string()))?;
         let publish_not_ready = spec.publish_not_ready_addresses == Some(true);
-        let endpoints: Vec<SocketAddr> = pods
+        let mut endpoints: Vec<SocketAddr> = pods
             .items
             .iter()
             .filter(|p| objects::phase(p) == "Running")
@@ -147,7 +151,11 @@ impl Proxy {
         if endpoints.is_empty() {
             return Err(unavailable(format!("Service {namespace}/{name} has no ready endpoints")));
         }
-        Ok(endpoints[self.turn.fetch_add(1, Ordering::Relaxed) % endpoints.len()])
+        endpoints.sort();
+        let mut turns = self.turns.lock().expect("the turns lock");
+        let turn = turns.entry(format!("{namespace}/{name}")).or_default();
+        *turn += 1;
+        Ok(endpoints[(*turn - 1) % endpoints.len()])
     }
 
     /// Sends `request` to `target` and streams the answer back.

@@ -67,7 +67,10 @@ impl BlockMaxima {
 /// the term and kept for the index's lifetime (the index never changes once built). Memory grows
 /// at most to 8 bytes per 128 postings of the index.
 #[derive(Debug, Default)]
-pub struct BlockMaximaCache(RwLock<HashMap<(u32, Term), Option<Arc<BlockMaxima>>>>);
+pub struct BlockMaximaCache(RwLock<HashMap<SegmentTerm, Option<Arc<BlockMaxima>>>>);
+
+/// A term in a segment (by ordinal).
+type SegmentTerm = (u32, Term);
 
 impl BlockMaximaCache {
     fn get(

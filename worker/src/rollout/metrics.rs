@@ -1,5 +1,5 @@
 //! The rollout's metrics, labelled by environment (and tool): trajectories and their outcome,
-//! reward, tool calls, turns, response tokens, latency, policy version.
+//! reward, tool calls, turns, response tokens, latency, policy version, weight loads.
 
 use crate::agent::trajectory::{Status, Trajectory};
 use crate::metrics;
@@ -19,6 +19,8 @@ pub struct RolloutMetrics {
     pub in_flight: IntGauge,
     /// The newest policy version that produced tokens.
     pub policy_version: IntGauge,
+    /// Weight loads of the embedded engine by trigger (push, pull) and outcome (ok, error).
+    pub weight_loads: IntCounterVec,
 }
 
 impl RolloutMetrics {
@@ -81,6 +83,12 @@ impl RolloutMetrics {
                 registry,
                 "kart_rollout_policy_version",
                 "Newest policy version seen in outputs",
+            ),
+            weight_loads: metrics::counter_vec(
+                registry,
+                "kart_rollout_weight_loads_total",
+                "Weight loads of the embedded engine by trigger (push, pull) and outcome (ok, error)",
+                &["trigger", "outcome"],
             ),
         }
     }

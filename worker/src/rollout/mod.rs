@@ -3,6 +3,7 @@
 //!
 //! - [`engine`]: the [`Engine`](engine::Engine) trait and its errors;
 //! - [`embedded`]: the in-process tch engine with continuous batching across trajectories;
+//!   [`weights`]: how a worker's embedded engine gets new weights (pushed or pulled, single-flight);
 //! - [`sglang`], [`vllm`]: SGLang (`/generate`) and vLLM (`/v1/completions`) servers over HTTP;
 //!   [`balanced`]: several engines balanced client-side;
 //! - [`fake`]: scripted engines for tests and benchmarks;
@@ -45,3 +46,5 @@ pub mod sglang;
 pub mod task;
 #[cfg(all(feature = "torch", feature = "server"))]
 pub mod vllm;
+#[cfg(all(feature = "torch", feature = "server"))]
+pub mod weights;

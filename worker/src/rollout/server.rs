@@ -2,10 +2,14 @@
 //! piece of a RolloutPool.
 //!
 //! - `POST /rollout` `{prompts: [{id, messages | prompt, ground_truth, data_source}], n, sampling,
-//!   policy_version, env}` streams NDJSON: one line per finished group of `n` trajectories, in
-//!   completion order. A client that disconnects cancels the work of its request.
-//! - `POST /weights` `{version, url | path}` makes the embedded engine load new weights (a
+//!   policy_version, env, weights}` streams NDJSON: one line per finished group of `n`
+//!   trajectories, in completion order. A client that disconnects cancels the work of its request.
+//!   `weights: {version, url | path}` names the version the request wants and where its weights
+//!   are: an embedded engine behind it loads them before generating (see [`super::weights`]);
+//!   engines that load weights themselves (SGLang, vLLM) ignore the field.
+//! - `POST /weights` `{version, url | path}` makes the embedded engine load new weights now (a
 //!   safetensors file, fetched from the trainer's `/weights/{version}` or read from a shared path).
+//!   It reaches one worker of a Service; the `weights` field of `/rollout` reaches the others.
 //! - `GET /healthz`, `/readyz`, `/metrics`.
 
 use super::config::{EngineConfig, RolloutConfig};
@@ -15,6 +19,7 @@ use super::env::{Context, EnvConfig, Environment};
 use super::group::run_group;
 use super::metrics::RolloutMetrics;
 use super::task::Task;
+use super::weights::{LoadError, WeightLoader, WeightSource};
 use crate::http::{self, ApiError, Readiness};
 use crate::model::{CausalLm, ChatTemplate, ModelError, SamplingParams, Tokenizer};
 use crate::tools::python::PythonSandbox;
@@ -50,7 +55,8 @@ pub enum WorkerError {
 pub struct Worker {
     ctx: Context,
     env: Arc<dyn Environment>,
-    embedded: Option<EmbeddedEngine>,
+    /// The embedded engine's weights; `None` for engines that load weights themselves.
+    weights: Option<Arc<WeightLoader>>,
     metrics: RolloutMetrics,
     groups: Arc<Semaphore>,
     config: RolloutConfig,
@@ -63,12 +69,13 @@ impl Worker {
             |source| WorkerError::Model { path: config.model.clone(), source: Box::new(source) };
         let tokenizer = Tokenizer::load(&config.model).map_err(model_error)?;
         let chat_template = ChatTemplate::load(&config.model).map_err(model_error)?;
-        let (engine, embedded): (Arc<dyn Engine>, _) = match &config.engine {
+        let metrics = RolloutMetrics::new(registry);
+        let (engine, weights): (Arc<dyn Engine>, _) = match &config.engine {
             EngineConfig::Embedded { max_batch, seed } => {
                 let model =
                     CausalLm::load(&config.model, tch::Device::cuda_if_available()).map_err(model_error)?;
                 let engine = EmbeddedEngine::spawn(model, tokenizer.clone(), *max_batch, 0, *seed);
-                (Arc::new(engine.clone()), Some(engine))
+                (Arc::new(engine.clone()), Some(WeightLoader::new(engine, 0, metrics.weight_loads.clone())))
             }
             other => (super::remote::engine(other).map_err(WorkerError::Config)?, None),
         };
@@ -92,8 +99,8 @@ impl Worker {
         Ok(Worker {
             env: config.env.build(),
             ctx,
-            embedded,
-            metrics: RolloutMetrics::new(registry),
+            weights,
+            metrics,
             groups: Arc::new(Semaphore::new(config.max_concurrent_groups.max(1))),
             config,
         })
@@ -115,6 +122,9 @@ struct RolloutRequest {
     /// An environment for this request instead of the worker's default.
     #[serde(default)]
     env: Option<EnvConfig>,
+    /// The weights of the version the request wants, loaded first when the engine is behind.
+    #[serde(default)]
+    weights: Option<WeightSource>,
 }
 
 fn one() -> usize {
@@ -131,6 +141,13 @@ fn parse_request(body: serde_json::Value) -> Result<RolloutRequest, ApiError> {
         return Err(ApiError::invalid("n", format!("{} is not in 1..={MAX_N}", request.n)));
     }
     request.sampling.validate().map_err(|e| ApiError::invalid("sampling", e.to_string()))?;
+    if let Some(weights) = &request.weights {
+        weights.validate().map_err(|e| load_error(e, "weights."))?;
+        if let Some(v) = request.policy_version.filter(|&v| v != weights.version) {
+            let message = format!("{} differs from policy_version {v}", weights.version);
+            return Err(ApiError::invalid("weights.version", message));
+        }
+    }
     let mut ids = HashSet::new();
     for (i, task) in request.prompts.iter().enumerate() {
         if task.messages.as_ref().is_none_or(Vec::is_empty) && task.prompt.is_none() {
@@ -181,6 +198,11 @@ async fn rollout(State(worker): State<Arc<Worker>>, body: Body) -> Response {
             "rollout request"
         );
     }
+    if let (Some(loader), Some(source)) = (&worker.weights, &request.weights)
+        && let Err(e) = loader.ensure(source).await
+    {
+        return load_error(e, "weights.").into_response();
+    }
     let env = request.env.as_ref().map_or_else(|| worker.env.clone(), EnvConfig::build);
     let (lines, mut receiver) = mpsc::channel::<String>(16);
     tokio::spawn(produce(worker, env, request, lines));
@@ -223,15 +245,6 @@ async fn produce(
     }
 }
 
-/// A `/weights` request.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WeightsRequest {
-    version: i64,
-    url: Option<String>,
-    path: Option<std::path::PathBuf>,
-}
-
 async fn weights(State(worker): State<Arc<Worker>>, body: Body) -> Response {
     match load_weights(&worker, body).await {
         Ok(version) => Json(json!({"version": version})).into_response(),
@@ -241,9 +254,10 @@ async fn weights(State(worker): State<Arc<Worker>>, body: Body) -> Response {
 
 async fn load_weights(worker: &Worker, body: Body) -> Result<i64, ApiError> {
     let body = http::read_json(body, worker.config.max_body_bytes).await?;
-    let request: WeightsRequest =
+    let source: WeightSource =
         serde_json::from_value(body).map_err(|e| ApiError::invalid("body", e.to_string()))?;
-    let engine = worker.embedded.as_ref().ok_or_else(|| ApiError {
+    source.validate().map_err(|e| load_error(e, ""))?;
+    let loader = worker.weights.as_ref().ok_or_else(|| ApiError {
         status: StatusCode::CONFLICT,
         field: "engine".into(),
         message: format!(
@@ -251,47 +265,19 @@ async fn load_weights(worker: &Worker, body: Body) -> Result<i64, ApiError> {
             worker.ctx.engine.name()
         ),
     })?;
-    let (file, downloaded) = match (&request.url, &request.path) {
-        (Some(url), None) => (download(url).await?, true),
-        (None, Some(path)) if path.is_dir() => (path.join("model.safetensors"), false),
-        (None, Some(path)) => (path.clone(), false),
-        _ => return Err(ApiError::invalid("url", "give exactly one of `url` and `path`")),
-    };
-    let read = file.clone();
-    let tensors = tokio::task::spawn_blocking(move || tch::Tensor::read_safetensors(&read)).await;
-    if downloaded {
-        let _ = tokio::fs::remove_file(&file).await;
-    }
-    let tensors = tensors
-        .map_err(|e| ApiError::invalid("path", e.to_string()))?
-        .map_err(|e| ApiError::invalid("path", format!("{}: not a safetensors file: {e}", file.display())))?;
-    engine
-        .load_weights(tensors, request.version)
-        .await
-        .map_err(|e| ApiError::invalid("version", e.to_string()))?;
-    tracing::info!(version = request.version, "loaded new weights");
-    Ok(request.version)
+    loader.load(&source).await.map_err(|e| load_error(e, ""))?;
+    Ok(source.version)
 }
 
-/// Fetches a safetensors file into a temporary file.
-async fn download(url: &str) -> Result<std::path::PathBuf, ApiError> {
-    let fetch_error = |e: String| ApiError {
-        status: StatusCode::BAD_GATEWAY,
-        field: "url".into(),
-        message: format!("{url}: {e}"),
+/// The answer to a failed load, naming the field of the weight source (after `prefix`).
+fn load_error(error: LoadError, prefix: &str) -> ApiError {
+    let (status, field) = match &error {
+        LoadError::Invalid { field, .. } => (StatusCode::UNPROCESSABLE_ENTITY, *field),
+        LoadError::Fetch { .. } => (StatusCode::BAD_GATEWAY, "url"),
+        LoadError::Read { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "path"),
+        LoadError::Engine { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "version"),
     };
-    let response = reqwest::get(url).await.map_err(|e| fetch_error(e.to_string()))?;
-    if !response.status().is_success() {
-        return Err(fetch_error(format!("answered {}", response.status())));
-    }
-    let bytes = response.bytes().await.map_err(|e| fetch_error(e.to_string()))?;
-    let file = std::env::temp_dir().join(format!(
-        "kart-weights-{}-{}.safetensors",
-        std::process::id(),
-        rand::random::<u64>()
-    ));
-    tokio::fs::write(&file, &bytes).await.map_err(|e| fetch_error(e.to_string()))?;
-    Ok(file)
+    ApiError { status, field: format!("{prefix}{field}"), message: error.to_string() }
 }
 
 #[cfg(test)]
@@ -300,6 +286,7 @@ mod tests {
     use crate::rollout::env::search_r1::SearchR1Config;
     use crate::rollout::fake::{Reply, ScriptedEngine};
     use crate::rollout::retry::RetryPolicy;
+    use crate::rollout::weights::testing;
     use futures::StreamExt;
     use serde_json::Value;
     use std::path::Path;
@@ -310,7 +297,22 @@ mod tests {
     }
 
     fn worker(engine: Arc<ScriptedEngine>, max_concurrent_groups: usize) -> (Arc<Worker>, Registry) {
+        worker_on(engine, None, max_concurrent_groups)
+    }
+
+    /// A worker on the embedded engine of the fixture model, at version 0.
+    fn embedded_worker() -> (Arc<Worker>, Registry) {
+        let engine = testing::engine();
+        worker_on(Arc::new(engine.clone()), Some(engine), 8)
+    }
+
+    fn worker_on(
+        engine: Arc<dyn Engine>,
+        embedded: Option<EmbeddedEngine>,
+        max_concurrent_groups: usize,
+    ) -> (Arc<Worker>, Registry) {
         let registry = Registry::new();
+        let metrics = RolloutMetrics::new(&registry);
         let ctx = Context {
             engine,
             tokenizer: Tokenizer::load(fixture()).unwrap(),
@@ -324,8 +326,8 @@ mod tests {
         let worker = Worker {
             env: EnvConfig::SearchR1(SearchR1Config::default()).build(),
             ctx,
-            embedded: None,
-            metrics: RolloutMetrics::new(&registry),
+            weights: embedded.map(|e| WeightLoader::new(e, 0, metrics.weight_loads.clone())),
+            metrics,
             groups: Arc::new(Semaphore::new(max_concurrent_groups)),
             config,
         };
@@ -398,6 +400,12 @@ mod tests {
             (json!({"prompts": [prompts(1)[0].clone(), prompts(1)[0].clone()]}), "prompts[1].id"),
             (json!({"prompts": prompts(1), "sampling": {"top_p": 2.0}}), "sampling"),
             (json!({"prompt": []}), "body"),
+            (json!({"prompts": prompts(1), "weights": {"version": 1}}), "weights.url"),
+            (json!({"prompts": prompts(1), "weights": {"version": -2, "path": "/w"}}), "weights.version"),
+            (
+                json!({"prompts": prompts(1), "policy_version": 2, "weights": {"version": 3, "path": "/w"}}),
+                "weights.version",
+            ),
         ] {
             let response = post(app.clone(), "/rollout", body.clone()).await;
             assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY, "{body}");
@@ -427,5 +435,91 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(engine.calls() < 50, "only the groups started before the disconnect ran: {}", engine.calls());
+    }
+
+    /// The NDJSON lines of a `/rollout` answer.
+    async fn lines(response: Response) -> Vec<Value> {
+        let body = axum::body::to_bytes(response.into_body(), 1 << 24).await.unwrap();
+        std::str::from_utf8(&body).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    /// The policy versions that sampled the tokens of a group's trajectories.
+    fn versions(group: &Value) -> HashSet<i64> {
+        let trajectories = group["trajectories"].as_array().unwrap_or_else(|| panic!("{group}"));
+        trajectories
+            .iter()
+            .flat_map(|t| {
+                let t: crate::agent::trajectory::Trajectory = serde_json::from_value(t.clone()).unwrap();
+                t.versions().to_vec()
+            })
+            .filter(|&v| v != crate::agent::trajectory::NO_VERSION)
+            .collect()
+    }
+
+    fn short_rollout(weights: Value) -> Value {
+        let env = json!({"kind": "search-r1", "max_turns": 1, "max_response_length": 4});
+        json!({"prompts": prompts(2), "n": 2, "env": env, "weights": weights})
+    }
+
+    #[tokio::test]
+    async fn requests_naming_newer_weights_load_them_once_before_generating() {
+        let (url, fetches) = testing::serve(StatusCode::OK).await;
+        let (worker, registry) = embedded_worker();
+        let app = router(worker, registry.clone());
+        let weights = json!({"version": 2, "url": format!("{url}/weights/2")});
+        let responses = futures::future::join_all(
+            (0..3).map(|_| post(app.clone(), "/rollout", short_rollout(weights.clone()))),
+        )
+        .await;
+        for response in responses {
+            assert_eq!(response.status(), StatusCode::OK);
+            for group in lines(response).await {
+                assert_eq!(versions(&group), HashSet::from([2]), "{group}");
+            }
+        }
+        assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 1, "one load for three requests");
+        // A late request for an older version runs on the newer weights.
+        let old = json!({"version": 1, "url": format!("{url}/weights/1")});
+        let response = post(app, "/rollout", short_rollout(old)).await;
+        for group in lines(response).await {
+            assert_eq!(versions(&group), HashSet::from([2]), "{group}");
+        }
+        assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let text = crate::metrics::encode(&registry);
+        assert!(
+            text.contains("kart_rollout_weight_loads_total{outcome=\"ok\",trigger=\"pull\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("\nkart_rollout_policy_version 2\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_failed_pull_fails_the_request_naming_the_field() {
+        let (url, _) = testing::serve(StatusCode::NOT_FOUND).await;
+        let (worker, registry) = embedded_worker();
+        let weights = json!({"version": 1, "url": format!("{url}/weights/1")});
+        let response = post(router(worker, registry.clone()), "/rollout", short_rollout(weights)).await;
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+        let v: Value =
+            serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap())
+                .unwrap();
+        assert_eq!(v["error"]["field"], "weights.url", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("404"), "{v}");
+        let text = crate::metrics::encode(&registry);
+        assert!(!text.contains("kart_rollout_trajectories_total{"), "nothing was generated: {text}");
+        assert!(
+            text.contains("kart_rollout_weight_loads_total{outcome=\"error\",trigger=\"pull\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn engines_that_load_weights_themselves_ignore_the_field() {
+        let (worker, registry) = worker(answering(), 8);
+        // Nothing listens there: a fetch would fail the request.
+        let weights = json!({"version": 7, "url": "http://127.0.0.1:9/weights/7"});
+        let response = post(router(worker, registry), "/rollout", short_rollout(weights)).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(lines(response).await.len(), 2);
     }
 }

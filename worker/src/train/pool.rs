@@ -2,9 +2,12 @@
 //!
 //! - [`InProcessPool`]: the rollout code in this process (the embedded engine, a local or HTTP
 //!   retriever), as `kart local` and single-machine runs use it;
-//! - [`RemotePool`]: `kart rollout serve` workers over their NDJSON `/rollout` API, tasks spread
-//!   over the URLs; groups a broken connection lost are asked for again on the next URL.
+//! - [`RemotePool`]: `kart rollout serve` workers over their NDJSON `/rollout` API, one request per
+//!   task spread over the URLs (so a Service balances a step over all its workers); groups a
+//!   broken connection lost are asked for again on the next URL. Each request names the version's
+//!   weights, which a worker that is behind loads first.
 
+use super::weights::weights_url;
 use crate::model::SamplingParams;
 use crate::rollout::env::{Context, EnvConfig};
 use crate::rollout::group::{Group, run_group};
@@ -79,16 +82,21 @@ impl RolloutPool for InProcessPool {
 /// `kart rollout serve` workers.
 pub struct RemotePool {
     urls: Vec<String>,
+    /// The trainer's URL serving `/weights/{version}`, named in every request; `None` when the
+    /// engines load weights themselves.
+    weights: Option<String>,
     client: reqwest::Client,
     attempts: usize,
 }
 
 impl RemotePool {
-    /// A pool over worker base URLs; one request may take `timeout` in all.
-    pub fn new(urls: Vec<String>, timeout: Duration) -> Self {
+    /// A pool over worker base URLs whose requests name the weights at `weights` (the trainer's
+    /// advertised URL); one request may take `timeout` in all.
+    pub fn new(urls: Vec<String>, weights: Option<String>, timeout: Duration) -> Self {
         let client = reqwest::Client::builder().timeout(timeout).build().expect("an HTTP client");
         RemotePool {
             urls: urls.into_iter().map(|u| u.trim_end_matches('/').to_string()).collect(),
+            weights,
             client,
             attempts: 3,
         }
@@ -99,14 +107,16 @@ impl RolloutPool for RemotePool {
     fn rollout(&self, request: RolloutRequest) -> BoxStream<'static, Result<Group, PoolError>> {
         let (tx, rx) = mpsc::channel(request.tasks.len().max(1));
         let (urls, client, attempts) = (self.urls.clone(), self.client.clone(), self.attempts);
+        let weights = self.weights.as_deref().map(|base| {
+            let version = request.policy_version;
+            json!({"version": version, "url": weights_url(base, version)})
+        });
         tokio::spawn(async move {
-            let shards = urls.len().max(1);
-            let chunk = request.tasks.len().div_ceil(shards).max(1);
             let mut jobs = tokio::task::JoinSet::new();
-            for (i, tasks) in request.tasks.chunks(chunk).enumerate() {
-                let request = RolloutRequest { tasks: tasks.to_vec(), ..request.clone() };
-                let (urls, client, tx) = (urls.clone(), client.clone(), tx.clone());
-                jobs.spawn(async move { shard(&client, &urls, i, request, attempts, &tx).await });
+            for (i, task) in request.tasks.iter().enumerate() {
+                let request = RolloutRequest { tasks: vec![task.clone()], ..request.clone() };
+                let (urls, client, tx, weights) = (urls.clone(), client.clone(), tx.clone(), weights.clone());
+                jobs.spawn(async move { shard(&client, &urls, i, request, weights, attempts, &tx).await });
             }
             while jobs.join_next().await.is_some() {}
         });
@@ -121,6 +131,7 @@ async fn shard(
     urls: &[String],
     first: usize,
     mut request: RolloutRequest,
+    weights: Option<serde_json::Value>,
     attempts: usize,
     tx: &mpsc::Sender<Result<Group, PoolError>>,
 ) {
@@ -131,7 +142,7 @@ async fn shard(
         }
         let url = &urls[(first + attempt) % urls.len()];
         let mut delivered = HashSet::new();
-        match stream_groups(client, url, &request, tx, &mut delivered).await {
+        match stream_groups(client, url, &request, weights.as_ref(), tx, &mut delivered).await {
             Ok(()) => return,
             Err(e) => {
                 tracing::warn!(%url, attempt, error = %e, "rollout request failed; retrying the undelivered groups");
@@ -151,16 +162,20 @@ async fn stream_groups(
     client: &reqwest::Client,
     url: &str,
     request: &RolloutRequest,
+    weights: Option<&serde_json::Value>,
     tx: &mpsc::Sender<Result<Group, PoolError>>,
     delivered: &mut HashSet<String>,
 ) -> Result<(), String> {
-    let body = json!({
+    let mut body = json!({
         "prompts": request.tasks,
         "n": request.n,
         "sampling": request.sampling,
         "policy_version": request.policy_version,
         "env": request.env,
     });
+    if let Some(weights) = weights {
+        body["weights"] = weights.clone();
+    }
     let response =
         client.post(format!("{url}/rollout")).json(&body).send().await.map_err(|e| e.to_string())?;
     if !response.status().is_success() {
@@ -220,5 +235,57 @@ mod tests {
         assert!(err.to_string().contains("engine down"));
         assert!(parse_line(b"{not json").is_err());
         assert!(parse_line(br#"{"prompt_id": "q1"}"#).is_err(), "a group needs its trajectories");
+    }
+
+    /// A `/rollout` server answering every prompt with an error line; returns its URL and the
+    /// request bodies it received.
+    async fn recording_worker() -> (String, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+        let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = bodies.clone();
+        let answer = move |axum::Json(body): axum::Json<serde_json::Value>| {
+            let id = body["prompts"][0]["id"].as_str().unwrap_or_default().to_string();
+            seen.lock().unwrap().push(body);
+            async move { format!("{}\n", json!({"prompt_id": id, "error": "scripted"})) }
+        };
+        let app = axum::Router::new().route("/rollout", axum::routing::post(answer));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, bodies)
+    }
+
+    #[tokio::test]
+    async fn each_task_is_a_request_naming_the_weights_of_its_version() {
+        let (url, bodies) = recording_worker().await;
+        let tasks: Vec<Task> = (0..3)
+            .map(|i| Task {
+                id: format!("q{i}"),
+                messages: None,
+                prompt: Some("Capital of Peru?".into()),
+                ground_truth: vec!["Lima".into()],
+                data_source: "nq".into(),
+            })
+            .collect();
+        let request = RolloutRequest {
+            tasks,
+            n: 2,
+            sampling: SamplingParams::default(),
+            policy_version: 4,
+            env: EnvConfig::default(),
+        };
+        for trainer in [Some("http://trainer:8002/"), None] {
+            let pool =
+                RemotePool::new(vec![url.clone()], trainer.map(str::to_owned), Duration::from_secs(10));
+            let items: Vec<_> = pool.rollout(request.clone()).collect().await;
+            assert_eq!(items.len(), 3);
+            assert!(items.iter().all(|i| i.as_ref().is_err_and(|e| e.reason == "scripted")), "{items:?}");
+            let bodies = std::mem::take(&mut *bodies.lock().unwrap());
+            assert_eq!(bodies.len(), 3, "one request per task, for a Service to balance");
+            for body in bodies {
+                assert_eq!(body["prompts"].as_array().map(Vec::len), Some(1), "{body}");
+                let weights = trainer.map(|_| json!({"version": 4, "url": "http://trainer:8002/weights/4"}));
+                assert_eq!(body.get("weights"), weights.as_ref(), "{body}");
+            }
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! The trainer's HTTP server: `/status` (JSON the operator reads), `/weights/{version}` (the
-//! newest policy as safetensors, for workers that pull), `/healthz`, `/readyz`, `/metrics`.
+//! newest policy versions as safetensors, for workers that pull), `/healthz`, `/readyz`, `/metrics`.
 
 use super::weights::WeightStore;
 use crate::http::{self, ApiError, Readiness};
@@ -82,7 +82,7 @@ async fn weights_file(State(s): State<AppState>, Path(version): Path<String>) ->
         return ApiError::invalid("version", format!("`{version}` is not an integer")).into_response();
     };
     let Some(file) = s.weights.file(version) else {
-        let message = format!("version {version} is not the newest published version");
+        let message = format!("version {version} is not among the published versions served");
         return ApiError { status: StatusCode::NOT_FOUND, field: "version".into(), message }.into_response();
     };
     match tokio::fs::read(&file).await {

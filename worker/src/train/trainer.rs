@@ -285,22 +285,27 @@ impl Trainer {
 
         let remote = !config.rollout.urls.is_empty();
         let (pool, publisher): (Arc<dyn RolloutPool>, Publisher) = if remote {
-            let pool = RemotePool::new(
-                config.rollout.urls.clone(),
-                Duration::from_secs_f64(config.rollout.timeout_secs),
-            );
-            let publisher = match &config.weight_sync {
-                WeightSync::HttpPull { advertise_url: advertised } => Publisher::http_pull(
-                    config.rollout.urls.clone(),
-                    advertised.clone().unwrap_or(advertise_url),
-                    out.join("weights"),
-                    weights,
-                ),
-                WeightSync::SglangDisk { path, urls } => {
-                    Publisher::sglang_disk(path.clone(), urls.clone(), config.model.clone())
+            let urls = config.rollout.urls.clone();
+            let timeout = Duration::from_secs_f64(config.rollout.timeout_secs);
+            match &config.weight_sync {
+                WeightSync::HttpPull { advertise_url: advertised } => {
+                    let advertised = advertised.clone().unwrap_or(advertise_url);
+                    // Requests in flight name at most `max_staleness` versions before the newest.
+                    let keep = usize::try_from(config.rollout.max_staleness).unwrap_or(usize::MAX);
+                    let publisher = Publisher::http_pull(
+                        urls.clone(),
+                        advertised.clone(),
+                        out.join("weights"),
+                        weights,
+                        keep.saturating_add(1),
+                    );
+                    (Arc::new(RemotePool::new(urls, Some(advertised), timeout)), publisher)
                 }
-            };
-            (Arc::new(pool), publisher)
+                WeightSync::SglangDisk { path, urls: servers } => (
+                    Arc::new(RemotePool::new(urls, None, timeout)),
+                    Publisher::sglang_disk(path.clone(), servers.clone(), config.model.clone()),
+                ),
+            }
         } else {
             let engine_model = CausalLm::load(&policy_dir, device)?;
             let engine = EmbeddedEngine::spawn(

@@ -1,14 +1,18 @@
 //! Weight sync: how a new policy version reaches the rollout engines.
 //!
 //! - in process: the embedded engine gets copies of the tensors;
-//! - HTTP pull: the trainer writes `weights/v{version}.safetensors`, serves it at
-//!   `/weights/{version}` and tells each worker (`POST /weights {version, url}`) to fetch it;
+//! - HTTP pull: the trainer writes `weights/v{version}.safetensors` and serves it at
+//!   `/weights/{version}`. Every `/rollout` request names its version and that URL, so a worker
+//!   that is behind (started late, or missed a push behind a Service) fetches it before
+//!   generating; pushing `POST /weights {version, url}` to each rollout URL is an optimisation
+//!   that loads one worker per URL ahead of the requests;
 //! - SGLang from disk: the trainer writes a Hugging Face folder to a shared path and calls each
 //!   server's `/update_weights_from_disk`.
 
 use crate::model::{CausalLm, ModelError, save_pretrained, save_safetensors};
 use crate::rollout::embedded::EmbeddedEngine;
 use serde_json::json;
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -24,21 +28,30 @@ pub enum SyncError {
     Engine(String),
 }
 
-/// The newest published weights file, served at `/weights/{version}`.
+/// The newest published weights files, served at `/weights/{version}`.
 #[derive(Debug, Clone, Default)]
-pub struct WeightStore(Arc<RwLock<Option<(i64, PathBuf)>>>);
+pub struct WeightStore(Arc<RwLock<VecDeque<(i64, PathBuf)>>>);
 
 impl WeightStore {
-    /// The file of `version`, if it is the newest published one.
+    /// The file of `version`, if it is among the published ones kept.
     pub fn file(&self, version: i64) -> Option<PathBuf> {
-        let current = self.0.read().expect("weight store lock");
-        current.as_ref().filter(|(v, _)| *v == version).map(|(_, p)| p.clone())
+        let files = self.0.read().expect("weight store lock");
+        files.iter().find(|(v, _)| *v == version).map(|(_, p)| p.clone())
     }
 
-    fn publish(&self, version: i64, path: PathBuf) -> Option<PathBuf> {
-        let mut current = self.0.write().expect("weight store lock");
-        current.replace((version, path)).map(|(_, old)| old)
+    /// Adds `version`, keeping the newest `keep` (at least one); returns the files let go.
+    fn publish(&self, version: i64, path: PathBuf, keep: usize) -> Vec<PathBuf> {
+        let mut files = self.0.write().expect("weight store lock");
+        files.retain(|(v, _)| *v != version);
+        files.push_back((version, path));
+        let excess = files.len().saturating_sub(keep.max(1));
+        files.drain(..excess).map(|(_, p)| p).collect()
     }
+}
+
+/// The URL of `version`'s weights on the trainer at `advertise_url`.
+pub fn weights_url(advertise_url: &str, version: i64) -> String {
+    format!("{}/weights/{version}", advertise_url.trim_end_matches('/'))
 }
 
 /// How weights reach the engines.
@@ -51,6 +64,8 @@ pub enum Publisher {
         advertise_url: String,
         dir: PathBuf,
         store: WeightStore,
+        /// Versions served at once: those that requests in flight may name.
+        keep: usize,
         client: reqwest::Client,
     },
     /// SGLang servers reload a Hugging Face folder from a shared path.
@@ -58,9 +73,15 @@ pub enum Publisher {
 }
 
 impl Publisher {
-    /// An HTTP-pull publisher writing into `dir`.
-    pub fn http_pull(workers: Vec<String>, advertise_url: String, dir: PathBuf, store: WeightStore) -> Self {
-        Publisher::HttpPull { workers, advertise_url, dir, store, client: client() }
+    /// An HTTP-pull publisher writing into `dir` and serving the newest `keep` versions.
+    pub fn http_pull(
+        workers: Vec<String>,
+        advertise_url: String,
+        dir: PathBuf,
+        store: WeightStore,
+        keep: usize,
+    ) -> Self {
+        Publisher::HttpPull { workers, advertise_url, dir, store, keep, client: client() }
     }
 
     /// An SGLang publisher writing folders under `path`.
@@ -68,7 +89,8 @@ impl Publisher {
         Publisher::SglangDisk { path, urls, source_dir, client: client() }
     }
 
-    /// Publishes the policy's weights as `version`; returns when every engine uses them.
+    /// Publishes the policy's weights as `version`; returns when every engine uses them (for HTTP
+    /// pull: when they are served and one worker per rollout URL uses them).
     pub async fn publish(&self, policy: &CausalLm, version: i64) -> Result<(), SyncError> {
         match self {
             Publisher::InProcess(engine) => {
@@ -77,14 +99,13 @@ impl Publisher {
                 });
                 engine.load_weights(tensors, version).await.map_err(|e| SyncError::Engine(e.to_string()))
             }
-            Publisher::HttpPull { workers, advertise_url, dir, store, client } => {
+            Publisher::HttpPull { workers, advertise_url, dir, store, keep, client } => {
                 let file = dir.join(format!("v{version}.safetensors"));
                 write_safetensors(policy, &file).map_err(|source| SyncError::Write { version, source })?;
-                if let Some(old) = store.publish(version, file) {
+                for old in store.publish(version, file, *keep) {
                     let _ = std::fs::remove_file(old);
                 }
-                let url = format!("{}/weights/{version}", advertise_url.trim_end_matches('/'));
-                let body = json!({"version": version, "url": url});
+                let body = json!({"version": version, "url": weights_url(advertise_url, version)});
                 let calls = workers
                     .iter()
                     .map(|w| post(client, format!("{}/weights", w.trim_end_matches('/')), &body));
@@ -136,4 +157,21 @@ async fn post(client: &reqwest::Client, url: String, body: &serde_json::Value) -
         return Err(error(format!("answered {status}: {}", response.text().await.unwrap_or_default())));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_serves_the_newest_versions_it_keeps() {
+        let store = WeightStore::default();
+        let file = |v: i64| PathBuf::from(format!("v{v}.safetensors"));
+        assert!(store.publish(1, file(1), 2).is_empty());
+        assert!(store.publish(2, file(2), 2).is_empty());
+        assert_eq!(store.publish(3, file(3), 2), [file(1)]);
+        assert_eq!((store.file(1), store.file(2), store.file(3)), (None, Some(file(2)), Some(file(3))));
+        assert_eq!(store.publish(4, file(4), 0), [file(2), file(3)], "the newest is always kept");
+        assert_eq!(weights_url("http://t:8002/", 4), "http://t:8002/weights/4");
+    }
 }

@@ -1,0 +1,341 @@
+//! How a worker's embedded engine gets new policy weights: pushed (`POST /weights`) or pulled (a
+//! `/rollout` request naming a newer version than the engine holds), one load at a time.
+//!
+//! - A pull loads only when the engine is behind the version asked for. A request for an older
+//!   version (a late retry) runs on the newer weights: its tokens carry the version that produced
+//!   them, so the trainer still measures the staleness.
+//! - A push loads the version it names, even an older one: the trainer is authoritative (a run
+//!   resumed from an earlier checkpoint rolls the worker back).
+//! - Loads are single-flight: requests behind the same version wait for one load and share its
+//!   failure; a later request tries again. A load runs in a task of its own, so a requester that
+//!   goes away does not abandon it halfway.
+
+use super::embedded::EmbeddedEngine;
+use prometheus::IntCounterVec;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use tokio::sync::Mutex;
+
+/// Where the weights of a policy version are: the body of `POST /weights` and the `weights` field
+/// of `POST /rollout`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightSource {
+    /// The policy version.
+    pub version: i64,
+    /// A URL serving the safetensors file (the trainer's `/weights/{version}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// A safetensors file, or a folder holding `model.safetensors`, on a shared volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+}
+
+const ONE_OF: &str = "give exactly one of `url` and `path`";
+
+impl WeightSource {
+    /// Checks the version and that exactly one of `url` (HTTP) and `path` is given.
+    pub fn validate(&self) -> Result<(), LoadError> {
+        let invalid = |field, reason: String| Err(LoadError::Invalid { field, reason });
+        if self.version < 0 {
+            return invalid("version", format!("{} is negative", self.version));
+        }
+        match (&self.url, &self.path) {
+            (Some(url), None) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                invalid("url", format!("`{url}` is not an http(s) URL"))
+            }
+            (Some(_), None) | (None, Some(_)) => Ok(()),
+            _ => invalid("url", ONE_OF.into()),
+        }
+    }
+}
+
+/// A failed load.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LoadError {
+    #[error("{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error("{url}: {reason}")]
+    Fetch { url: String, reason: String },
+    #[error("{path}: not a safetensors file: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("weights v{version}: {reason}")]
+    Engine { version: i64, reason: String },
+}
+
+/// What made a worker load weights (the `trigger` label of `kart_rollout_weight_loads_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// `POST /weights`.
+    Push,
+    /// A `/rollout` request naming a newer version.
+    Pull,
+}
+
+impl Trigger {
+    fn label(self) -> &'static str {
+        match self {
+            Trigger::Push => "push",
+            Trigger::Pull => "pull",
+        }
+    }
+}
+
+/// A finished load that failed, remembered for the requests that waited for it.
+struct Failure {
+    /// Loads finished before it.
+    attempt: u64,
+    version: i64,
+    error: LoadError,
+}
+
+/// The embedded engine's weights: which version it holds and how that changes.
+pub struct WeightLoader {
+    engine: EmbeddedEngine,
+    version: AtomicI64,
+    /// Held while a load runs; the last load's failure.
+    flight: Mutex<Option<Failure>>,
+    /// Loads finished so far.
+    finished: AtomicU64,
+    /// Loads by trigger and outcome.
+    loads: IntCounterVec,
+}
+
+impl WeightLoader {
+    /// A loader for `engine`, which holds `version`; counts loads in `loads` (labels trigger,
+    /// outcome).
+    pub fn new(engine: EmbeddedEngine, version: i64, loads: IntCounterVec) -> Arc<Self> {
+        Arc::new(WeightLoader {
+            engine,
+            version: AtomicI64::new(version),
+            flight: Mutex::new(None),
+            finished: AtomicU64::new(0),
+            loads,
+        })
+    }
+
+    /// The policy version the engine holds.
+    pub fn version(&self) -> i64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Makes the engine hold at least `source.version` (a pull): returns at once when it does,
+    /// else after the one load of that version, shared with the requests waiting for it.
+    pub async fn ensure(self: &Arc<Self>, source: &WeightSource) -> Result<(), LoadError> {
+        if self.version() >= source.version {
+            return Ok(());
+        }
+        self.spawn(source.clone(), Trigger::Pull).await
+    }
+
+    /// Loads `source` whatever version the engine holds (a push).
+    pub async fn load(self: &Arc<Self>, source: &WeightSource) -> Result<(), LoadError> {
+        self.spawn(source.clone(), Trigger::Push).await
+    }
+
+    async fn spawn(self: &Arc<Self>, source: WeightSource, trigger: Trigger) -> Result<(), LoadError> {
+        let (this, version) = (self.clone(), source.version);
+        tokio::spawn(async move { this.single_flight(source, trigger).await })
+            .await
+            .unwrap_or_else(|e| Err(LoadError::Engine { version, reason: e.to_string() }))
+    }
+
+    async fn single_flight(&self, source: WeightSource, trigger: Trigger) -> Result<(), LoadError> {
+        let queued = self.finished.load(Ordering::Acquire);
+        let mut last_failure = self.flight.lock().await;
+        if trigger == Trigger::Pull {
+            if self.version() >= source.version {
+                return Ok(());
+            }
+            // A load of this version failed while this request waited: its answer is this one's.
+            if let Some(f) =
+                last_failure.as_ref().filter(|f| f.version == source.version && f.attempt >= queued)
+            {
+                return Err(f.error.clone());
+            }
+        }
+        let result = fetch_and_load(&self.engine, &source).await;
+        let attempt = self.finished.fetch_add(1, Ordering::AcqRel);
+        let outcome = match &result {
+            Ok(()) => {
+                self.version.store(source.version, Ordering::Release);
+                *last_failure = None;
+                tracing::info!(version = source.version, trigger = trigger.label(), "loaded new weights");
+                "ok"
+            }
+            Err(error) => {
+                tracing::warn!(version = source.version, trigger = trigger.label(), %error, "loading weights failed");
+                *last_failure = Some(Failure { attempt, version: source.version, error: error.clone() });
+                "error"
+            }
+        };
+        self.loads.with_label_values(&[trigger.label(), outcome]).inc();
+        result
+    }
+}
+
+/// Reads the safetensors file of `source` (downloading it first when it is a URL) into the engine.
+async fn fetch_and_load(engine: &EmbeddedEngine, source: &WeightSource) -> Result<(), LoadError> {
+    let (file, downloaded) = match (&source.url, &source.path) {
+        (Some(url), None) => (download(url).await?, true),
+        (None, Some(path)) if path.is_dir() => (path.join("model.safetensors"), false),
+        (None, Some(path)) => (path.clone(), false),
+        _ => return Err(LoadError::Invalid { field: "url", reason: ONE_OF.into() }),
+    };
+    let read = file.clone();
+    let tensors = tokio::task::spawn_blocking(move || tch::Tensor::read_safetensors(&read)).await;
+    if downloaded {
+        let _ = tokio::fs::remove_file(&file).await;
+    }
+    let read_error = |reason: String| match &source.url {
+        Some(url) => {
+            LoadError::Fetch { url: url.clone(), reason: format!("not a safetensors file: {reason}") }
+        }
+        None => LoadError::Read { path: file.clone(), reason },
+    };
+    let tensors = tensors.map_err(|e| read_error(e.to_string()))?.map_err(|e| read_error(e.to_string()))?;
+    engine
+        .load_weights(tensors, source.version)
+        .await
+        .map_err(|e| LoadError::Engine { version: source.version, reason: e.to_string() })
+}
+
+/// Fetches a safetensors file into a temporary file.
+async fn download(url: &str) -> Result<PathBuf, LoadError> {
+    let error = |reason: String| LoadError::Fetch { url: url.to_string(), reason };
+    let response = reqwest::get(url).await.map_err(|e| error(e.to_string()))?;
+    if !response.status().is_success() {
+        return Err(error(format!("answered {}", response.status())));
+    }
+    let bytes = response.bytes().await.map_err(|e| error(e.to_string()))?;
+    let file = std::env::temp_dir().join(format!(
+        "kart-weights-{}-{}.safetensors",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    tokio::fs::write(&file, &bytes).await.map_err(|e| error(e.to_string()))?;
+    Ok(file)
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A weights server and an embedded engine on the fixture model, for the tests of loading.
+
+    use super::*;
+    use crate::model::{CausalLm, Tokenizer};
+    use axum::http::StatusCode;
+    use std::path::Path;
+    use std::sync::atomic::AtomicUsize;
+
+    /// The fixture model folder.
+    pub fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/models/tiny-qwen2")
+    }
+
+    /// An embedded engine on the fixture model at version 0.
+    pub fn engine() -> EmbeddedEngine {
+        let model = CausalLm::load(&fixture(), tch::Device::Cpu).unwrap();
+        EmbeddedEngine::spawn(model, Tokenizer::load(fixture()).unwrap(), 8, 0, 0)
+    }
+
+    /// Serves the fixture's weights at every path (or answers `status` without them when it is
+    /// not 200) on loopback; returns the base URL and the count of requests.
+    pub async fn serve(status: StatusCode) -> (String, Arc<AtomicUsize>) {
+        let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = requests.clone();
+        let app = axum::Router::new().fallback(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let body = if status == StatusCode::OK { bytes.clone() } else { Vec::new() };
+            async move { (status, body) }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, requests)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{engine, serve};
+    use super::*;
+    use crate::rollout::metrics::RolloutMetrics;
+    use axum::http::StatusCode;
+    use prometheus::Registry;
+
+    fn loader() -> Arc<WeightLoader> {
+        WeightLoader::new(engine(), 0, RolloutMetrics::new(&Registry::new()).weight_loads)
+    }
+
+    fn source(url: &str, version: i64) -> WeightSource {
+        WeightSource { version, url: Some(format!("{url}/weights/{version}")), path: None }
+    }
+
+    fn loads(loader: &WeightLoader, trigger: &str, outcome: &str) -> u64 {
+        loader.loads.with_label_values(&[trigger, outcome]).get()
+    }
+
+    #[tokio::test]
+    async fn concurrent_pulls_of_a_version_load_it_once() {
+        let (url, requests) = serve(StatusCode::OK).await;
+        let loader = loader();
+        let wanted = source(&url, 3);
+        let results = futures::future::join_all((0..8).map(|_| loader.ensure(&wanted))).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!((loader.version(), requests.load(Ordering::SeqCst)), (3, 1));
+        assert_eq!((loads(&loader, "pull", "ok"), loads(&loader, "pull", "error")), (1, 0));
+        // A late request for an older version runs on the newer weights: nothing to load.
+        loader.ensure(&source(&url, 2)).await.unwrap();
+        assert_eq!((loader.version(), requests.load(Ordering::SeqCst)), (3, 1));
+    }
+
+    #[tokio::test]
+    async fn a_failed_load_is_shared_by_its_waiters_and_tried_again_later() {
+        let (url, requests) = serve(StatusCode::NOT_FOUND).await;
+        let loader = loader();
+        let wanted = source(&url, 1);
+        let results = futures::future::join_all((0..4).map(|_| loader.ensure(&wanted))).await;
+        for result in &results {
+            let error = result.as_ref().unwrap_err();
+            assert!(matches!(error, LoadError::Fetch { .. }), "{error}");
+            assert!(error.to_string().contains("404"), "{error}");
+        }
+        assert_eq!((loader.version(), requests.load(Ordering::SeqCst)), (0, 1));
+        assert_eq!(loads(&loader, "pull", "error"), 1);
+        assert!(loader.ensure(&wanted).await.is_err());
+        assert_eq!(requests.load(Ordering::SeqCst), 2, "a later request tries again");
+    }
+
+    #[tokio::test]
+    async fn a_push_loads_the_version_it_names_even_an_older_one() {
+        let (url, requests) = serve(StatusCode::OK).await;
+        let loader = loader();
+        loader.ensure(&source(&url, 5)).await.unwrap();
+        loader.load(&source(&url, 4)).await.unwrap();
+        assert_eq!((loader.version(), requests.load(Ordering::SeqCst)), (4, 2));
+        assert_eq!((loads(&loader, "push", "ok"), loads(&loader, "pull", "ok")), (1, 1));
+    }
+
+    #[test]
+    fn sources_name_their_bad_field() {
+        let bad = [
+            (r#"{"version": -1, "url": "http://t/weights/1"}"#, "version"),
+            (r#"{"version": 1}"#, "url"),
+            (r#"{"version": 1, "url": "http://t/w", "path": "/w"}"#, "url"),
+            (r#"{"version": 1, "url": "/weights/1"}"#, "url"),
+        ];
+        for (text, field) in bad {
+            let source: WeightSource = serde_json::from_str(text).unwrap();
+            match source.validate() {
+                Err(LoadError::Invalid { field: f, .. }) => assert_eq!(f, field, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let source: WeightSource = serde_json::from_str(r#"{"version": 2, "path": "/w"}"#).unwrap();
+        assert!(source.validate().is_ok());
+        assert!(serde_json::from_str::<WeightSource>(r#"{"version": 2, "uri": "x"}"#).is_err());
+    }
+}
