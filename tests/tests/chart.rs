@@ -288,10 +288,22 @@ fn start_kart(dir: &Path) -> Kart {
     });
     std::fs::write(&config, rollout_config.to_string()).unwrap();
     let mut rollout = spawn(Command::new(&kart).args(["rollout", "serve", "--config"]).arg(&config));
+    // A worker with the embedded engine, whose weights are pushed once.
+    let embedded_port = free_port();
+    let embedded_url = format!("http://127.0.0.1:{embedded_port}");
+    let embedded_config = dir.join("rollout-embedded.json");
+    let config_json = json!({
+        "host": "127.0.0.1", "port": embedded_port, "model": model,
+        "engine": {"kind": "embedded"}, "retriever_url": retriever_url,
+    });
+    std::fs::write(&embedded_config, config_json.to_string()).unwrap();
+    let mut embedded =
+        spawn(Command::new(&kart).args(["rollout", "serve", "--config"]).arg(&embedded_config));
     let deadline = Duration::from_secs(60);
     wait_ready(&format!("{retriever_url}/readyz"), &mut retriever, deadline);
     wait_ready(&format!("{sglang_url}/health"), &mut sglang, deadline);
     wait_ready(&format!("{rollout_url}/readyz"), &mut rollout, deadline);
+    wait_ready(&format!("{embedded_url}/readyz"), &mut embedded, deadline);
 
     let client = reqwest::blocking::Client::new();
     let post = |url: String, body: Value| client.post(url).json(&body).send().unwrap();
@@ -310,6 +322,8 @@ fn start_kart(dir: &Path) -> Kart {
     let groups: Vec<Value> = groups.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(groups.len(), 2);
     assert!(groups.iter().all(|g| g["trajectories"][0]["reward"] == 1.0), "{groups:?}");
+    let pushed = post(format!("{embedded_url}/weights"), json!({"version": 1, "path": model}));
+    assert!(pushed.status().is_success(), "{}", pushed.text().unwrap());
 
     // A trainer with its in-process pool on the fixture model, scraped once it has stepped.
     let trainer_port = free_port();
@@ -334,11 +348,12 @@ fn start_kart(dir: &Path) -> Kart {
     let operator = start_operator(dir);
     let operator_url = format!("{}/metrics", operator.0.url);
     Kart {
-        _children: vec![retriever, sglang, rollout, trainer],
+        _children: vec![retriever, sglang, rollout, embedded, trainer],
         _operator: operator,
         targets: vec![
             ("retriever", format!("{retriever_url}/metrics")),
             ("rollout", format!("{rollout_url}/metrics")),
+            ("rollout-embedded", format!("{embedded_url}/metrics")),
             ("trainer", format!("{trainer_url}/metrics")),
             ("operator", operator_url),
         ],
