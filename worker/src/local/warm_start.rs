@@ -1,12 +1,13 @@
 //! The supervised warm start of `kart local`: gold trajectories of the training questions,
 //! tokenised exactly as rollouts tokenise them (the prompt through the chat template, each model
-//! turn and each observation on its own), trained with cross-entropy on the model turns only.
+//! turn and each observation on its own), trained with cross-entropy on the model turns and the
+//! observations (never on the prompt).
 
 use super::gold::{GoldConfig, Segment};
 use super::world::World;
 use crate::agent::search_r1::passages_to_string;
 use crate::agent::trajectory::Trajectory;
-use crate::model::logprobs::{DEFAULT_CHUNK, token_logprobs};
+use crate::model::logprobs::{DEFAULT_CHUNK, masked_token_logprobs};
 use crate::model::{CausalLm, ChatMessage, ChatTemplate, ModelError, Tokenizer};
 use crate::retriever::LocalIndex;
 use crate::train::batch::{MicroBatch, Sample};
@@ -81,7 +82,9 @@ pub fn train(
     seed: u64,
     bar: &ProgressBar,
 ) -> f64 {
-    let samples: Vec<Sample> = trajectories.iter().map(|t| Sample::new(t, 0, true)).collect();
+    // Observation tokens are trained too: a model made from scratch has never read text, and the
+    // search results (a title, then the same name in the passage) are where it first learns to copy.
+    let samples: Vec<Sample> = trajectories.iter().map(|t| Sample::new(t, 0, false)).collect();
     let optim = OptimConfig {
         lr: config.lr,
         warmup_ratio: 0.05,
@@ -100,7 +103,8 @@ pub fn train(
         optimizer.zero_grad();
         let hidden = model.forward(&mb.input_ids, &mb.positions, Some(&mb.valid), None);
         let window = hidden.narrow(1, mb.start, mb.width());
-        let logprobs = token_logprobs(model, &window, &mb.targets, 1.0, false, DEFAULT_CHUNK).logprobs;
+        let logprobs =
+            masked_token_logprobs(model, &window, &mb.targets, &mb.mask, 1.0, false, DEFAULT_CHUNK).logprobs;
         let loss = -(logprobs * &mb.mask).sum(Kind::Float) / mb.mask.sum(Kind::Float).clamp_min(1.0);
         loss.backward();
         optimizer.step(learning_rate(&optim, step, config.steps));

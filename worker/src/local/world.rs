@@ -275,28 +275,28 @@ impl World {
             .map(|_| City { name: namer.word(2), country: countries[rng.below(countries.len())].clone() })
             .collect();
 
+        // Names are pairs of words from small shared pools, unique as pairs: every word recurs in
+        // many names, so a small model sees each of its tokens often enough to learn to copy it
+        // (names made of words seen once are never copied, whatever the training budget).
         let mut rng = Rng::stream(seed, "companies");
+        let words = namer.words(config.companies.div_ceil(8).max(2), 2);
+        let mut taken = HashSet::new();
         let companies: Vec<Company> = (0..config.companies)
             .map(|_| Company {
-                name: format!("{} {}", namer.word(2), rng.pick(&INDUSTRIES)),
+                name: unique_pair(&mut rng, &mut taken, &words, &INDUSTRIES),
                 founded: rng.between(FOUNDING_YEARS.0, FOUNDING_YEARS.1),
                 headquarters: rng.below(cities.len()),
             })
             .collect();
 
-        // Two-part person names from shared pools of first names and surnames, unique as pairs.
-        let first = namer.words(config.persons.div_ceil(8) + 4, 2);
-        let last = namer.words(config.persons.div_ceil(4) + 4, 2);
+        let (first, last) = name_pools(config.persons);
+        let first = namer.words(first, 2);
+        let last = namer.words(last, 2);
         let mut rng = Rng::stream(seed, "persons");
         let mut taken = HashSet::new();
         let mut persons = Vec::with_capacity(config.persons);
         for i in 0..config.persons {
-            let name = loop {
-                let name = format!("{} {}", first[rng.below(first.len())], last[rng.below(last.len())]);
-                if taken.insert(name.clone()) {
-                    break name;
-                }
-            };
+            let name = unique_pair(&mut rng, &mut taken, &first, &last);
             // Test persons work for test companies, training persons for training companies.
             let employer = match i < test_persons {
                 true => rng.below(test_companies),
@@ -414,6 +414,29 @@ impl World {
             write_search_r1(path, &prompts, "fact-reasoning", split)?;
         }
         Ok(paths)
+    }
+}
+
+/// Sizes of the first-name and surname pools for `persons` unique names: about 1.25 times as many
+/// pairs as persons, with 1.5 surnames per first name.
+fn name_pools(persons: usize) -> (usize, usize) {
+    let pairs = persons as f64 * 1.25;
+    let first = (pairs / 1.5).sqrt().ceil().max(2.0) as usize;
+    (first, (pairs / first as f64).ceil().max(2.0) as usize)
+}
+
+/// A `"{a} {b}"` name not in `taken` (and now in it), drawn from the two pools.
+fn unique_pair<A: AsRef<str>, B: AsRef<str>>(
+    rng: &mut Rng,
+    taken: &mut HashSet<String>,
+    a: &[A],
+    b: &[B],
+) -> String {
+    loop {
+        let name = format!("{} {}", a[rng.below(a.len())].as_ref(), b[rng.below(b.len())].as_ref());
+        if taken.insert(name.clone()) {
+            return name;
+        }
     }
 }
 

@@ -85,7 +85,7 @@ pub enum RopeScaling {
 }
 
 /// The sizes of a fresh Qwen2-shaped model, for [`ModelConfig::qwen2`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QwenSizes {
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -95,6 +95,8 @@ pub struct QwenSizes {
     pub num_key_value_heads: usize,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
+    /// Standard deviation of the initial weights (transformers' default is 0.02).
+    pub initializer_range: f64,
 }
 
 /// The architecture of a causal LM, parsed from its `config.json`.
@@ -255,7 +257,7 @@ impl ModelConfig {
             "eos_token_id": null,
             "hidden_act": "silu",
             "hidden_size": sizes.hidden_size,
-            "initializer_range": 0.02,
+            "initializer_range": sizes.initializer_range,
             "intermediate_size": sizes.intermediate_size,
             "layer_types": layer_types,
             "max_position_embeddings": sizes.max_position_embeddings,
@@ -682,6 +684,7 @@ mod tests {
             num_key_value_heads: 2,
             max_position_embeddings: 256,
             tie_word_embeddings: true,
+            initializer_range: 0.02,
         }
     }
 

@@ -54,3 +54,73 @@ pub fn token_logprobs(
     };
     TokenLogprobs { logprobs: join(logprobs), entropy: with_entropy.then(|| join(entropies)) }
 }
+
+/// [`token_logprobs`] at the positions where `mask` is positive only (the tokens a loss uses), with
+/// 0 elsewhere: the LM head, the largest matrix of a small model, never runs for the observation
+/// tokens of an agent's trajectory or for padding. Gradients flow to the selected positions.
+pub fn masked_token_logprobs(
+    model: &CausalLm,
+    hidden: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    temperature: f64,
+    with_entropy: bool,
+    chunk: i64,
+) -> TokenLogprobs {
+    let shape = targets.size();
+    let width = *hidden.size().last().expect("hidden has a feature dimension");
+    let positions = mask.reshape([-1]).gt(0.0).nonzero().squeeze_dim(1);
+    let selected = token_logprobs(
+        model,
+        &hidden.reshape([-1, width]).index_select(0, &positions),
+        &targets.reshape([-1]).index_select(0, &positions),
+        temperature,
+        with_entropy,
+        chunk,
+    );
+    let spread = |values: Tensor| {
+        let zeros = Tensor::zeros([targets.numel() as i64], (Kind::Float, hidden.device()));
+        zeros.index_copy(0, &positions, &values).reshape(shape.as_slice())
+    };
+    TokenLogprobs { logprobs: spread(selected.logprobs), entropy: selected.entropy.map(spread) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ModelConfig, QwenSizes};
+    use tch::Device;
+
+    #[test]
+    fn masked_positions_match_the_full_computation_and_others_are_zero() {
+        let sizes = QwenSizes {
+            vocab_size: 64,
+            hidden_size: 16,
+            intermediate_size: 32,
+            num_hidden_layers: 1,
+            num_attention_heads: 2,
+            num_key_value_heads: 1,
+            max_position_embeddings: 64,
+            tie_word_embeddings: true,
+            initializer_range: 0.02,
+        };
+        let model = CausalLm::random(ModelConfig::qwen2(sizes).unwrap(), Device::Cpu, 3).unwrap();
+        let hidden = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let targets = Tensor::from_slice(&[1i64, 7, 9, 3, 60, 2, 2, 5, 8, 0]).view([2, 5]);
+        let mask = Tensor::from_slice(&[0f32, 1., 1., 0., 1., 1., 0., 0., 1., 0.]).view([2, 5]);
+        let full = token_logprobs(&model, &hidden, &targets, 0.7, true, 3);
+        let masked = masked_token_logprobs(&model, &hidden, &targets, &mask, 0.7, true, 3);
+        for (f, m) in [
+            (&full.logprobs, &masked.logprobs),
+            (full.entropy.as_ref().unwrap(), masked.entropy.as_ref().unwrap()),
+        ] {
+            let expected = f * &mask;
+            assert!(m.allclose(&expected, 1e-6, 1e-6, false), "{m} vs {expected}");
+        }
+        // The gradient reaches exactly the hidden states of the masked positions.
+        masked.logprobs.sum(Kind::Float).backward();
+        let touched =
+            hidden.grad().abs().sum_dim_intlist(-1, false, Kind::Float).gt(0.0).to_kind(Kind::Float);
+        assert!(touched.equal(&mask), "{touched}");
+    }
+}

@@ -645,6 +645,7 @@ mod tests {
             num_key_value_heads: 2,
             max_position_embeddings: 128,
             tie_word_embeddings: false,
+            initializer_range: 0.02,
         })
         .unwrap()
     }

@@ -9,7 +9,7 @@ use super::losses::{self, Normalizer};
 use super::metrics::StepRecord;
 use super::optim::{AdamW, learning_rate};
 use crate::model::CausalLm;
-use crate::model::logprobs::{DEFAULT_CHUNK, token_logprobs};
+use crate::model::logprobs::{DEFAULT_CHUNK, masked_token_logprobs};
 use crate::rl::advantage::{grpo_advantages, rloo_advantages};
 use crate::rl::loss::{Matrix, PolicyClip};
 use tch::{Device, Kind, Tensor};
@@ -24,7 +24,8 @@ pub struct Learner {
     pub critic: Option<(Critic, AdamW)>,
 }
 
-/// Per-token log-probabilities (and entropies) of a micro-batch's targets under `model`.
+/// Per-token log-probabilities (and entropies) of a micro-batch's trained targets under `model`
+/// (0 at the tokens no loss uses: observations, padding).
 fn logprobs(
     model: &CausalLm,
     mb: &MicroBatch,
@@ -33,7 +34,15 @@ fn logprobs(
 ) -> (Tensor, Option<Tensor>) {
     let hidden = model.forward(&mb.input_ids, &mb.positions, Some(&mb.valid), None);
     let window = hidden.narrow(1, mb.start, mb.width());
-    let out = token_logprobs(model, &window, &mb.targets, temperature, with_entropy, DEFAULT_CHUNK);
+    let out = masked_token_logprobs(
+        model,
+        &window,
+        &mb.targets,
+        &mb.mask,
+        temperature,
+        with_entropy,
+        DEFAULT_CHUNK,
+    );
     (out.logprobs, out.entropy)
 }
 

@@ -78,6 +78,7 @@ pub(super) const FULL_SIZES: QwenSizes = QwenSizes {
     num_key_value_heads: 2,
     max_position_embeddings: 1024,
     tie_word_embeddings: true,
+    initializer_range: 0.02,
 };
 
 /// The model and the work measured on it.
@@ -117,6 +118,7 @@ impl Workload {
             num_key_value_heads: 2,
             max_position_embeddings: 256,
             tie_word_embeddings: true,
+            initializer_range: 0.02,
         },
         prompt_tokens: 8,
         new_tokens: 8,

@@ -81,6 +81,7 @@ impl Workload {
             num_key_value_heads: 2,
             max_position_embeddings: 128,
             tie_word_embeddings: true,
+            initializer_range: 0.02,
         },
         tokenizer_vocab: 512,
         groups: 2,

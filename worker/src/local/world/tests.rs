@@ -32,7 +32,7 @@ fn the_same_seed_makes_the_same_world_and_another_seed_another() {
     assert_eq!(a.persons[0].name, PINNED_FIRST_PERSON);
 }
 
-const PINNED_FIRST_PERSON: &str = "Grolbur Kunfund";
+const PINNED_FIRST_PERSON: &str = "Hannin Shohik";
 
 #[test]
 fn names_are_unique_and_never_shared_across_kinds() {
@@ -47,7 +47,11 @@ fn names_are_unique_and_never_shared_across_kinds() {
     // Invented words by kind: every word belongs to one kind only.
     let person_words: HashSet<&str> = world.persons.iter().flat_map(|p| p.name.split(' ')).collect();
     let stems: HashSet<&str> = world.companies.iter().map(|c| c.name.split(' ').next().unwrap()).collect();
-    assert_eq!(stems.len(), world.companies.len());
+    // Words recur across names (from small pools), so a small model sees each word often.
+    let first_names: HashSet<&str> =
+        world.persons.iter().map(|p| p.name.split(' ').next().unwrap()).collect();
+    assert!(first_names.len() * 20 <= world.persons.len(), "{} first names", first_names.len());
+    assert!(stems.len() * 4 <= world.companies.len(), "{} company words", stems.len());
     for (a, b) in [
         (&person_words, &stems),
         (&person_words, &cities),
