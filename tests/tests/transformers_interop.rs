@@ -156,6 +156,7 @@ fn random_qwen2_with_a_trained_tokenizer_loads_in_transformers() {
         num_key_value_heads: 2,
         max_position_embeddings: 128,
         tie_word_embeddings: false,
+        initializer_range: 0.02,
     };
     let config = ModelConfig::qwen2(sizes).unwrap();
     let model = CausalLm::random(config.clone(), Device::Cpu, 3).unwrap();
