@@ -7,7 +7,6 @@ use super::gold::{GoldConfig, Segment};
 use super::world::World;
 use crate::agent::search_r1::passages_to_string;
 use crate::agent::trajectory::Trajectory;
-use crate::model::logprobs::{DEFAULT_CHUNK, masked_token_logprobs};
 use crate::model::{CausalLm, ChatMessage, ChatTemplate, ModelError, Tokenizer};
 use crate::retriever::LocalIndex;
 use crate::train::batch::{MicroBatch, Sample};
@@ -101,10 +100,7 @@ pub fn train(
         let rows: Vec<usize> = (0..config.batch).map(|i| order[(start + i) % samples.len()]).collect();
         let mb = MicroBatch::new(&samples, &rows, model.device());
         optimizer.zero_grad();
-        let hidden = model.forward(&mb.input_ids, &mb.positions, Some(&mb.valid), None);
-        let window = hidden.narrow(1, mb.start, mb.width());
-        let logprobs =
-            masked_token_logprobs(model, &window, &mb.targets, &mb.mask, 1.0, false, DEFAULT_CHUNK).logprobs;
+        let (logprobs, _) = crate::train::update::logprobs(model, &mb, 1.0, false);
         let loss = -(logprobs * &mb.mask).sum(Kind::Float) / mb.mask.sum(Kind::Float).clamp_min(1.0);
         loss.backward();
         optimizer.step(learning_rate(&optim, step, config.steps));

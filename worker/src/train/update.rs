@@ -26,7 +26,7 @@ pub struct Learner {
 
 /// Per-token log-probabilities (and entropies) of a micro-batch's trained targets under `model`
 /// (0 at the tokens no loss uses: observations, padding).
-fn logprobs(
+pub(crate) fn logprobs(
     model: &CausalLm,
     mb: &MicroBatch,
     temperature: f64,
