@@ -73,6 +73,10 @@ pub struct LocalArgs {
     /// Share of imperfect gold trajectories (wrong query, no search, first hop only).
     #[arg(long, default_value_t = 0.25)]
     corrupt_share: f64,
+    /// Share of the year questions (birth and founding years) whose gold trajectory answers from
+    /// memory without searching: a habit greedy decoding shows and RL has to unlearn.
+    #[arg(long, default_value_t = 0.0)]
+    year_guess_share: f64,
     /// RL steps.
     #[arg(long, default_value_t = 40)]
     steps: u64,
@@ -188,6 +192,11 @@ fn print_table(s: &LocalSummary) {
 async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     let algorithm: AdvantageEstimator = serde_json::from_value(json!(args.algorithm))
         .with_context(|| format!("--algorithm {}: expected grpo, drgrpo, rloo or gae", args.algorithm))?;
+    for (flag, share) in
+        [("--corrupt-share", args.corrupt_share), ("--year-guess-share", args.year_guess_share)]
+    {
+        anyhow::ensure!((0.0..=1.0).contains(&share), "{flag} {share}: must be between 0 and 1");
+    }
     let persons = args.persons;
     let config = Config {
         out: args.out,
@@ -208,7 +217,11 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
             steps: args.warm_steps,
             batch: args.warm_batch,
             lr: args.warm_lr,
-            gold: GoldConfig { corrupt_share: args.corrupt_share, ..GoldConfig::default() },
+            gold: GoldConfig {
+                corrupt_share: args.corrupt_share,
+                year_guess_share: args.year_guess_share,
+                ..GoldConfig::default()
+            },
         },
         rl_steps: args.steps,
         prompts: args.prompts,

@@ -5,7 +5,12 @@
 //! </answer>`; each search is answered by the caller's retriever and wrapped by the protocol's own
 //! [`execute`], so the observation is byte for byte what a rollout sees. A configurable share of
 //! the questions gets a deliberately imperfect trajectory ([`Variant`]) so that RL has something
-//! to fix. The choice and the imperfections are deterministic per question and seed.
+//! to fix. Imperfections spread evenly over the questions never show under greedy decoding (the
+//! most likely turn is the correct one everywhere), so an optional second share is a habit tied
+//! to a kind of question: year questions answered from memory, without a search, as a base model
+//! answers dates it believes it knows. With most year questions guessed, the warm-started policy
+//! guesses years greedily while its samples still search sometimes, which RL can reward. The
+//! choice and the imperfections are deterministic per question and seed.
 
 use super::rng::Rng;
 use super::world::{BIRTH_YEARS, Entity, FOUNDING_YEARS, Hop, Question, Relation, World};
@@ -25,13 +30,16 @@ pub enum Segment {
 pub struct GoldConfig {
     /// Share of the questions with an imperfect trajectory.
     pub corrupt_share: f64,
+    /// Share of the questions asking for a year (birth or founding) answered with a guess and no
+    /// search, before `corrupt_share` applies to the rest.
+    pub year_guess_share: f64,
     /// Seed of the choice of questions and of their imperfections.
     pub seed: u64,
 }
 
 impl Default for GoldConfig {
     fn default() -> Self {
-        GoldConfig { corrupt_share: 0.25, seed: 0 }
+        GoldConfig { corrupt_share: 0.25, year_guess_share: 0.0, seed: 0 }
     }
 }
 
@@ -50,10 +58,16 @@ pub enum Variant {
 }
 
 impl World {
-    /// The variant of `question`'s trajectory: imperfect for about `corrupt_share` of the
-    /// questions, then one of the imperfections that apply, uniformly.
+    /// The variant of `question`'s trajectory: a guess for about `year_guess_share` of the year
+    /// questions; otherwise imperfect for about `corrupt_share` of the questions, then one of the
+    /// imperfections that apply, uniformly.
     pub fn gold_variant(&self, question: &Question, config: &GoldConfig) -> Variant {
         let mut rng = Rng::stream(config.seed, &question.question);
+        let asks_year =
+            matches!(question.hops.last().map(|h| h.relation), Some(Relation::BirthYear | Relation::Founded));
+        if asks_year && rng.chance(config.year_guess_share) {
+            return Variant::NoSearch;
+        }
         if !rng.chance(config.corrupt_share) {
             return Variant::Correct;
         }

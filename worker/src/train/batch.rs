@@ -3,10 +3,16 @@
 //! Every per-token quantity of a sample is a vector over its tokens: entry `t` belongs to token
 //! `t` (predicted from position `t - 1`); entries of prompt tokens are unused. A micro-batch pads
 //! rows on the right and keeps only the window of positions from the shortest prompt on, so the
-//! LM head never runs over most prompt tokens.
+//! LM head never runs over most prompt tokens. Leading tokens every row shares (the instruction
+//! of a dataset's prompts, the prompt of a GRPO group) run through the decoder once, not once per
+//! row.
 
 use crate::agent::trajectory::Trajectory;
+use crate::model::CausalLm;
 use tch::{Device, Kind, Tensor};
+
+/// Shortest shared prefix worth a separate forward pass.
+const MIN_SHARED_PREFIX: i64 = 16;
 
 /// One trajectory prepared for the update.
 #[derive(Debug, Clone)]
@@ -136,6 +142,8 @@ pub struct MicroBatch {
     pub targets: Tensor,
     /// `(B, W)` loss mask of the targets (0 for padding).
     pub mask: Tensor,
+    /// Leading tokens identical in every row, never past `start`.
+    pub shared: i64,
 }
 
 impl MicroBatch {
@@ -156,6 +164,12 @@ impl MicroBatch {
         let positions =
             Tensor::arange(t64, (Kind::Int64, device)).unsqueeze(0).expand([b, t64], true).contiguous();
         let targets = input_ids.narrow(1, start + 1, t64 - start - 1);
+        let shared = rows.first().map_or(0, |&first| {
+            let first = &samples[first].token_ids;
+            rows.iter().fold(start as usize, |shared, &r| {
+                shared.min(first.iter().zip(&samples[r].token_ids).take_while(|(a, b)| a == b).count())
+            })
+        }) as i64;
         let mut batch = MicroBatch {
             rows: rows.to_vec(),
             input_ids,
@@ -164,9 +178,34 @@ impl MicroBatch {
             start,
             targets,
             mask: Tensor::new(),
+            shared,
         };
         batch.mask = batch.gather(samples, Field::LossMask);
         batch
+    }
+
+    /// `(B, W, hidden)` final hidden states of `model` over the window. With several rows and a
+    /// long enough shared prefix, the prefix runs once (batch 1) and every row continues from its
+    /// keys and values: the same values and gradients as one full pass, for less compute.
+    pub fn hidden(&self, model: &CausalLm) -> Tensor {
+        let (b, t) = self.input_ids.size2().expect("(B, T)");
+        let l = self.shared;
+        if b < 2 || l < MIN_SHARED_PREFIX {
+            let hidden = model.forward(&self.input_ids, &self.positions, Some(&self.valid), None);
+            return hidden.narrow(1, self.start, self.width());
+        }
+        let mut cache = model.new_cache(1);
+        let prefix = |x: &Tensor| x.narrow(0, 0, 1).narrow(1, 0, l);
+        let _ = model.forward(&prefix(&self.input_ids), &prefix(&self.positions), None, Some(&mut cache));
+        cache.retain_rows(&vec![0; b as usize]);
+        let rest = |x: &Tensor| x.narrow(1, l, t - l);
+        let hidden = model.forward(
+            &rest(&self.input_ids),
+            &rest(&self.positions),
+            Some(&rest(&self.valid)),
+            Some(&mut cache),
+        );
+        hidden.narrow(1, self.start - l, self.width())
     }
 
     /// Window width W.

@@ -33,9 +33,11 @@ impl Critic {
 
     /// `(B, W)` values over the micro-batch's window (f32), differentiable.
     pub fn values(&self, batch: &MicroBatch) -> Tensor {
-        let hidden = self.model.forward(&batch.input_ids, &batch.positions, Some(&batch.valid), None);
-        let window = hidden.narrow(1, batch.start, batch.width());
-        window.linear(&self.head.0, Some(&self.head.1)).squeeze_dim(-1).to_kind(Kind::Float)
+        batch
+            .hidden(&self.model)
+            .linear(&self.head.0, Some(&self.head.1))
+            .squeeze_dim(-1)
+            .to_kind(Kind::Float)
     }
 
     /// All trainable tensors, named (the decoder's Hugging Face names plus `score.*`).

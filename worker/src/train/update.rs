@@ -32,11 +32,9 @@ pub(crate) fn logprobs(
     temperature: f64,
     with_entropy: bool,
 ) -> (Tensor, Option<Tensor>) {
-    let hidden = model.forward(&mb.input_ids, &mb.positions, Some(&mb.valid), None);
-    let window = hidden.narrow(1, mb.start, mb.width());
     let out = masked_token_logprobs(
         model,
-        &window,
+        &mb.hidden(model),
         &mb.targets,
         &mb.mask,
         temperature,
@@ -396,6 +394,46 @@ mod tests {
         let (a, b) = (run(0.0), run(-50.0));
         for (x, y) in a.iter().zip(&b) {
             assert!(x.equal(y), "an observation token's logprob changed the update");
+        }
+    }
+
+    #[test]
+    fn a_shared_prefix_run_once_gives_the_full_pass_values_and_gradients() {
+        // Three rows sharing a 20-token prefix (then different prompt ends, lengths and padding).
+        let prefix: Vec<u32> = (0..20).map(|i| 40 + i).collect();
+        let batch: Vec<Sample> = (0..3u32)
+            .map(|i| {
+                let prompt: Vec<u32> = prefix.iter().copied().chain([70 + i, 71]).collect();
+                let mut t = Trajectory::new(format!("t{i}"), "p", &prompt);
+                let turn: Vec<u32> = (0..=i * 2).map(|k| 80 + k + i).collect();
+                t.push_model(&turn, &vec![-1.0; turn.len()], 0).unwrap();
+                t.push_env(&[30, 31]);
+                t.push_model(&[12, 13 + i], &[-1.0, -1.0], 0).unwrap();
+                Sample::new(&t, 0, true)
+            })
+            .collect();
+        let policy = CausalLm::load(&fixture(), Device::Cpu).unwrap();
+        let mut mb = MicroBatch::new(&batch, &[0, 1, 2], Device::Cpu);
+        assert_eq!(mb.shared, 20);
+        let run = |mb: &MicroBatch| {
+            for (_, p) in policy.named_tensors() {
+                p.grad().defined().then(|| p.grad().zero_());
+            }
+            let (lp, _) = logprobs(&policy, mb, 1.0, false);
+            (lp.sum(Kind::Float) * 0.5 + lp.square().sum(Kind::Float)).backward();
+            let grads: Vec<Tensor> = policy.named_tensors().iter().map(|(_, p)| p.grad().copy()).collect();
+            (lp.detach(), grads)
+        };
+        let (shared_lp, shared_grads) = run(&mb);
+        mb.shared = 0;
+        let (full_lp, full_grads) = run(&mb);
+        assert!(shared_lp.ne(0.0).any().int64_value(&[]) == 1, "no trained token");
+        let diff = (&shared_lp - &full_lp).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "logprobs differ by {diff}");
+        for ((name, _), (a, b)) in policy.named_tensors().iter().zip(shared_grads.iter().zip(&full_grads)) {
+            let scale = b.abs().max().double_value(&[]).max(1e-6);
+            let diff = (a - b).abs().max().double_value(&[]);
+            assert!(diff / scale < 1e-4, "{name}: gradients differ by {diff} (scale {scale})");
         }
     }
 }

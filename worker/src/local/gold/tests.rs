@@ -33,7 +33,7 @@ fn final_answer(segments: &[Segment]) -> String {
 #[test]
 fn trajectories_follow_the_search_r1_protocol() {
     let world = world();
-    let config = GoldConfig { corrupt_share: 0.5, seed: 1 };
+    let config = GoldConfig { corrupt_share: 0.5, seed: 1, ..GoldConfig::default() };
     for q in world.train.iter().chain(&world.test) {
         let mut queries = Vec::new();
         let segments = world.gold_trajectory(q, &config, |query| {
@@ -117,13 +117,29 @@ fn the_choice_is_deterministic_and_shares_as_configured() {
     let variants = |config: &GoldConfig| -> Vec<Variant> {
         world.train.iter().map(|q| world.gold_variant(q, config)).collect()
     };
-    let config = GoldConfig { corrupt_share: 0.25, seed: 7 };
+    let config = GoldConfig { corrupt_share: 0.25, seed: 7, ..GoldConfig::default() };
     let a = variants(&config);
     assert_eq!(a, variants(&config));
     assert_ne!(a, variants(&GoldConfig { seed: 8, ..config }));
     let corrupted = a.iter().filter(|v| **v != Variant::Correct).count() as f64 / a.len() as f64;
     assert!((corrupted - 0.25).abs() < 0.03, "{corrupted}");
-    assert!(variants(&GoldConfig { corrupt_share: 0.0, seed: 7 }).iter().all(|v| *v == Variant::Correct));
+    assert!(
+        variants(&GoldConfig { corrupt_share: 0.0, seed: 7, ..GoldConfig::default() })
+            .iter()
+            .all(|v| *v == Variant::Correct)
+    );
+    // The year habit: most year questions guessed, the others as before.
+    let habit = GoldConfig { year_guess_share: 0.7, ..config };
+    let asks_year =
+        |q: &Question| matches!(q.hops.last().unwrap().relation, Relation::BirthYear | Relation::Founded);
+    let guessed = |years: bool| {
+        let qs: Vec<&Question> = world.train.iter().filter(|q| asks_year(q) == years).collect();
+        qs.iter().filter(|q| world.gold_variant(q, &habit) == Variant::NoSearch).count() as f64
+            / qs.len() as f64
+    };
+    let (years, others) = (guessed(true), guessed(false));
+    assert!((years - (0.7 + 0.3 * 0.25 * 0.4)).abs() < 0.05, "year questions guessed: {years}");
+    assert!(others < 0.25 * 0.6, "other questions guessed: {others}");
     // Trajectories, imperfections included, are repeatable.
     for q in world.train.iter().take(200) {
         assert_eq!(
@@ -136,7 +152,7 @@ fn the_choice_is_deterministic_and_shares_as_configured() {
 #[test]
 fn a_two_hop_trajectory_reads() {
     let world = world();
-    let config = GoldConfig { corrupt_share: 0.0, seed: 0 };
+    let config = GoldConfig { corrupt_share: 0.0, seed: 0, ..GoldConfig::default() };
     let q = world.test.iter().find(|q| q.hops.len() == 2 && q.hops[0].relation == Relation::Spouse).unwrap();
     let segments = world.gold_trajectory(q, &config, fake_search);
     let (x, s, a) = (&q.hops[0].title, &q.hops[0].answer, &q.answer);
