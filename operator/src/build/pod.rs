@@ -5,11 +5,26 @@ use super::{CONFIG_DIR, Settings};
 use crate::crd::pod::PodOverrides;
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, ContainerPort, EnvVar, HTTPGetAction,
-    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe, Volume, VolumeMount,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
+
+/// The group the kart image runs as (`USER 65532:65532` in `deploy/Dockerfile.worker`).
+pub const IMAGE_GROUP: i64 = 65532;
+
+/// The pods' security context unless overridden: volumes are made writable by the image's group
+/// (checked and changed only at their root when it does not match, not file by file: an index
+/// volume holds millions of files).
+pub fn default_pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        fs_group: Some(IMAGE_GROUP),
+        fs_group_change_policy: Some("OnRootMismatch".into()),
+        ..PodSecurityContext::default()
+    }
+}
 
 /// The operator's part of a container.
 #[derive(Debug, Clone, Default)]
@@ -106,6 +121,10 @@ pub fn template(
             affinity: overrides.affinity.clone(),
             service_account_name: overrides.service_account_name.clone(),
             priority_class_name: overrides.priority_class_name.clone(),
+            security_context: Some(
+                overrides.pod_security_context.clone().unwrap_or_else(default_pod_security_context),
+            )
+            .filter(|c| *c != PodSecurityContext::default()),
             ..PodSpec::default()
         }),
     }
@@ -153,4 +172,37 @@ pub fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 /// An environment variable with a literal value.
 pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), ..EnvVar::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod_security(overrides: &PodOverrides) -> Option<PodSecurityContext> {
+        let parts = ContainerParts { name: "main".into(), ..ContainerParts::default() };
+        let pod =
+            template(&Settings::default(), overrides, BTreeMap::new(), BTreeMap::new(), parts, vec![], None);
+        pod.spec.unwrap().security_context
+    }
+
+    #[test]
+    fn pods_write_their_volumes_as_the_image_group_unless_overridden() {
+        let default = pod_security(&PodOverrides::default()).unwrap();
+        assert_eq!(default.fs_group, Some(65532));
+        assert_eq!(default.fs_group_change_policy.as_deref(), Some("OnRootMismatch"));
+
+        let own: PodOverrides = serde_json::from_value(serde_json::json!({
+            "podSecurityContext": {"fsGroup": 1000, "runAsUser": 1000}
+        }))
+        .unwrap();
+        let own = pod_security(&own).unwrap();
+        assert_eq!(
+            (own.fs_group, own.run_as_user, own.fs_group_change_policy),
+            (Some(1000), Some(1000), None)
+        );
+
+        let cluster: PodOverrides =
+            serde_json::from_value(serde_json::json!({"podSecurityContext": {}})).unwrap();
+        assert_eq!(pod_security(&cluster), None, "`{{}}` leaves the pod security context to the cluster");
+    }
 }

@@ -1,8 +1,8 @@
 //! Per-workload pod overrides, shared by the three kinds.
 
 use k8s_openapi::api::core::v1::{
-    Affinity, EnvVar, LocalObjectReference, ResourceRequirements, SecurityContext, Toleration, Volume,
-    VolumeMount,
+    Affinity, EnvVar, LocalObjectReference, PodSecurityContext, ResourceRequirements, SecurityContext,
+    Toleration, Volume, VolumeMount,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -47,6 +47,12 @@ pub struct PodOverrides {
     /// The container's security context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SecurityContext>,
+    /// The pods' security context, replacing the operator's (`fsGroup` 65532, the kart image's
+    /// group, so that the index, checkpoint and weight volumes the pods write are writable); `{}`
+    /// leaves it to the cluster (e.g. an OpenShift SCC that assigns the group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::schema::object")]
+    pub pod_security_context: Option<PodSecurityContext>,
     /// Service account of the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,

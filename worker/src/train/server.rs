@@ -4,6 +4,7 @@
 use super::weights::WeightStore;
 use crate::http::{self, ApiError, Readiness};
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
@@ -11,6 +12,7 @@ use axum::routing::get;
 use prometheus::Registry;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, RwLock};
+use tokio_util::io::ReaderStream;
 
 /// What the trainer is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -85,12 +87,74 @@ async fn weights_file(State(s): State<AppState>, Path(version): Path<String>) ->
         let message = format!("version {version} is not among the published versions served");
         return ApiError { status: StatusCode::NOT_FOUND, field: "version".into(), message }.into_response();
     };
-    match tokio::fs::read(&file).await {
-        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+    // Streamed from the open file: a large policy never sits in memory, and a version let go
+    // while it is sent stays readable until the end.
+    let opened = match tokio::fs::File::open(&file).await {
+        Ok(opened) => opened.metadata().await.map(|m| (opened, m.len())),
+        Err(e) => Err(e),
+    };
+    match opened {
+        Ok((opened, len)) => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (header::CONTENT_LENGTH, len.to_string()),
+            ],
+            Body::from_stream(ReaderStream::with_capacity(opened, STREAM_CHUNK)),
+        )
+            .into_response(),
         Err(e) => {
             let message = format!("{}: {e}", file.display());
             ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: "version".into(), message }
                 .into_response()
         }
+    }
+}
+
+/// Bytes read from a weights file at a time.
+const STREAM_CHUNK: usize = 1 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Request;
+    use futures::StreamExt;
+    use tower::ServiceExt;
+
+    async fn get(app: Router, uri: &str) -> (StatusCode, Option<String>, Vec<u8>) {
+        let response = app.oneshot(Request::get(uri).body(Body::empty()).unwrap()).await.unwrap();
+        let status = response.status();
+        let len = response.headers().get(header::CONTENT_LENGTH).map(|v| v.to_str().unwrap().to_string());
+        let mut stream = response.into_body().into_data_stream();
+        let mut body = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            body.extend_from_slice(&chunk.unwrap());
+        }
+        (status, len, body)
+    }
+
+    #[tokio::test]
+    async fn weights_are_streamed_whole_and_unknown_versions_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        // Several chunks and a partial last one.
+        let bytes: Vec<u8> = (0..STREAM_CHUNK * 2 + 12_345).map(|i| (i * 7 % 251) as u8).collect();
+        let file = dir.path().join("v3.safetensors");
+        std::fs::write(&file, &bytes).unwrap();
+        let weights = WeightStore::default();
+        assert!(weights.publish(3, file, 2).is_empty());
+        let app = router(StatusHandle::default(), weights, Registry::new(), Readiness::default());
+
+        let (status, len, body) = get(app.clone(), "/weights/3").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(len, Some(bytes.len().to_string()));
+        assert!(body == bytes, "the body differs from the file ({} of {} bytes)", body.len(), bytes.len());
+
+        let (status, _, body) = get(app.clone(), "/weights/4").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(error.to_string().contains("version 4 is not among"), "{error}");
+
+        let (status, _, body) = get(app, "/weights/latest").await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(String::from_utf8_lossy(&body).contains("`latest` is not an integer"));
     }
 }

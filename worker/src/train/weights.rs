@@ -40,7 +40,7 @@ impl WeightStore {
     }
 
     /// Adds `version`, keeping the newest `keep` (at least one); returns the files let go.
-    fn publish(&self, version: i64, path: PathBuf, keep: usize) -> Vec<PathBuf> {
+    pub(crate) fn publish(&self, version: i64, path: PathBuf, keep: usize) -> Vec<PathBuf> {
         let mut files = self.0.write().expect("weight store lock");
         files.retain(|(v, _)| *v != version);
         files.push_back((version, path));
