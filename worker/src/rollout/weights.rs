@@ -1,9 +1,12 @@
 //! How a worker's embedded engine gets new policy weights: pushed (`POST /weights`) or pulled (a
 //! `/rollout` request naming a newer version than the engine holds), one load at a time.
 //!
-//! - A pull loads only when the engine is behind the version asked for. A request for an older
-//!   version (a late retry) runs on the newer weights: its tokens carry the version that produced
-//!   them, so the trainer still measures the staleness.
+//! - A pull loads only when the engine is behind the version asked for, or holds weights another
+//!   trainer attempt published (a run resumed from a checkpoint numbers its versions again, so
+//!   workers a push did not reach would keep the lost attempt's newer-numbered weights). A
+//!   request for an older version of the same attempt (a late retry) runs on the newer weights:
+//!   its tokens carry the version that produced them, so the trainer still measures the
+//!   staleness.
 //! - A push loads the version it names, even an older one: the trainer is authoritative (a run
 //!   resumed from an earlier checkpoint rolls the worker back).
 //! - Loads are single-flight: requests behind the same version wait for one load and share its
@@ -11,11 +14,13 @@
 //!   goes away does not abandon it halfway.
 
 use super::embedded::EmbeddedEngine;
+use futures::StreamExt;
 use prometheus::IntCounterVec;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
 /// Where the weights of a policy version are: the body of `POST /weights` and the `weights` field
@@ -31,6 +36,10 @@ pub struct WeightSource {
     /// A safetensors file, or a folder holding `model.safetensors`, on a shared volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
+    /// The trainer attempt (process) that published the version; engines holding weights of
+    /// another attempt load it whatever its number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 const ONE_OF: &str = "give exactly one of `url` and `path`";
@@ -95,6 +104,8 @@ struct Failure {
 pub struct WeightLoader {
     engine: EmbeddedEngine,
     version: AtomicI64,
+    /// The attempt that published the weights held (`None`: the model the worker started with).
+    run: std::sync::RwLock<Option<String>>,
     /// Held while a load runs; the last load's failure.
     flight: Mutex<Option<Failure>>,
     /// Loads finished so far.
@@ -110,6 +121,7 @@ impl WeightLoader {
         Arc::new(WeightLoader {
             engine,
             version: AtomicI64::new(version),
+            run: std::sync::RwLock::new(None),
             flight: Mutex::new(None),
             finished: AtomicU64::new(0),
             loads,
@@ -121,10 +133,17 @@ impl WeightLoader {
         self.version.load(Ordering::Acquire)
     }
 
-    /// Makes the engine hold at least `source.version` (a pull): returns at once when it does,
-    /// else after the one load of that version, shared with the requests waiting for it.
+    /// Whether the engine holds `source.version` or a newer version of the same attempt.
+    fn holds(&self, source: &WeightSource) -> bool {
+        let run = self.run.read().expect("weights run lock");
+        self.version() >= source.version && source.run.as_ref().is_none_or(|r| run.as_ref() == Some(r))
+    }
+
+    /// Makes the engine hold at least `source.version` of `source.run` (a pull): returns at once
+    /// when it does, else after the one load of that version, shared with the requests waiting
+    /// for it.
     pub async fn ensure(self: &Arc<Self>, source: &WeightSource) -> Result<(), LoadError> {
-        if self.version() >= source.version {
+        if self.holds(source) {
             return Ok(());
         }
         self.spawn(source.clone(), Trigger::Pull).await
@@ -146,7 +165,7 @@ impl WeightLoader {
         let queued = self.finished.load(Ordering::Acquire);
         let mut last_failure = self.flight.lock().await;
         if trigger == Trigger::Pull {
-            if self.version() >= source.version {
+            if self.holds(&source) {
                 return Ok(());
             }
             // A load of this version failed while this request waited: its answer is this one's.
@@ -160,6 +179,7 @@ impl WeightLoader {
         let attempt = self.finished.fetch_add(1, Ordering::AcqRel);
         let outcome = match &result {
             Ok(()) => {
+                *self.run.write().expect("weights run lock") = source.run.clone();
                 self.version.store(source.version, Ordering::Release);
                 *last_failure = None;
                 tracing::info!(version = source.version, trigger = trigger.label(), "loaded new weights");
@@ -209,13 +229,24 @@ async fn download(url: &str) -> Result<PathBuf, LoadError> {
     if !response.status().is_success() {
         return Err(error(format!("answered {}", response.status())));
     }
-    let bytes = response.bytes().await.map_err(|e| error(e.to_string()))?;
     let file = std::env::temp_dir().join(format!(
         "kart-weights-{}-{}.safetensors",
         std::process::id(),
         rand::random::<u64>()
     ));
-    tokio::fs::write(&file, &bytes).await.map_err(|e| error(e.to_string()))?;
+    // Streamed to the file: a large policy never sits in memory twice.
+    let written = async {
+        let mut out = tokio::fs::File::create(&file).await.map_err(|e| e.to_string())?;
+        let mut chunks = response.bytes_stream();
+        while let Some(chunk) = chunks.next().await {
+            out.write_all(&chunk.map_err(|e| e.to_string())?).await.map_err(|e| e.to_string())?;
+        }
+        out.flush().await.map_err(|e| e.to_string())
+    };
+    if let Err(reason) = written.await {
+        let _ = tokio::fs::remove_file(&file).await;
+        return Err(error(reason));
+    }
     Ok(file)
 }
 
@@ -271,7 +302,11 @@ mod tests {
     }
 
     fn source(url: &str, version: i64) -> WeightSource {
-        WeightSource { version, url: Some(format!("{url}/weights/{version}")), path: None }
+        WeightSource { version, url: Some(format!("{url}/weights/{version}")), path: None, run: None }
+    }
+
+    fn of_run(source: WeightSource, run: &str) -> WeightSource {
+        WeightSource { run: Some(run.into()), ..source }
     }
 
     fn loads(loader: &WeightLoader, trigger: &str, outcome: &str) -> u64 {
@@ -317,6 +352,21 @@ mod tests {
         loader.load(&source(&url, 4)).await.unwrap();
         assert_eq!((loader.version(), requests.load(Ordering::SeqCst)), (4, 2));
         assert_eq!((loads(&loader, "push", "ok"), loads(&loader, "pull", "ok")), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_pull_from_another_trainer_attempt_loads_whatever_its_version() {
+        let (url, requests) = serve(StatusCode::OK).await;
+        let loader = loader();
+        loader.ensure(&of_run(source(&url, 5), "a")).await.unwrap();
+        loader.ensure(&of_run(source(&url, 4), "a")).await.unwrap();
+        assert_eq!((loader.version(), requests.load(Ordering::SeqCst)), (5, 1), "a late retry of attempt a");
+        // Attempt b resumed from an earlier checkpoint: its version 3 replaces a's 5.
+        loader.ensure(&of_run(source(&url, 3), "b")).await.unwrap();
+        assert_eq!((loader.version(), requests.load(Ordering::SeqCst)), (3, 2));
+        loader.ensure(&of_run(source(&url, 3), "b")).await.unwrap();
+        loader.ensure(&source(&url, 2)).await.unwrap();
+        assert_eq!(requests.load(Ordering::SeqCst), 2, "held: the same attempt, or a source naming none");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //!   broken connection lost are asked for again on the next URL. Each request names the version's
 //!   weights, which a worker that is behind loads first.
 
-use super::weights::weights_url;
+use super::weights::PullFrom;
 use crate::model::SamplingParams;
 use crate::rollout::env::{Context, EnvConfig};
 use crate::rollout::group::{Group, run_group};
@@ -82,17 +82,17 @@ impl RolloutPool for InProcessPool {
 /// `kart rollout serve` workers.
 pub struct RemotePool {
     urls: Vec<String>,
-    /// The trainer's URL serving `/weights/{version}`, named in every request; `None` when the
+    /// Where the trainer serves `/weights/{version}`, named in every request; `None` when the
     /// engines load weights themselves.
-    weights: Option<String>,
+    weights: Option<PullFrom>,
     client: reqwest::Client,
     attempts: usize,
 }
 
 impl RemotePool {
-    /// A pool over worker base URLs whose requests name the weights at `weights` (the trainer's
-    /// advertised URL); one request may take `timeout` in all.
-    pub fn new(urls: Vec<String>, weights: Option<String>, timeout: Duration) -> Self {
+    /// A pool over worker base URLs whose requests name the weights at `weights`; one request may
+    /// take `timeout` in all.
+    pub fn new(urls: Vec<String>, weights: Option<PullFrom>, timeout: Duration) -> Self {
         let client = reqwest::Client::builder().timeout(timeout).build().expect("an HTTP client");
         RemotePool {
             urls: urls.into_iter().map(|u| u.trim_end_matches('/').to_string()).collect(),
@@ -107,10 +107,7 @@ impl RolloutPool for RemotePool {
     fn rollout(&self, request: RolloutRequest) -> BoxStream<'static, Result<Group, PoolError>> {
         let (tx, rx) = mpsc::channel(request.tasks.len().max(1));
         let (urls, client, attempts) = (self.urls.clone(), self.client.clone(), self.attempts);
-        let weights = self.weights.as_deref().map(|base| {
-            let version = request.policy_version;
-            json!({"version": version, "url": weights_url(base, version)})
-        });
+        let weights = self.weights.as_ref().map(|from| from.source(request.policy_version));
         tokio::spawn(async move {
             let mut jobs = tokio::task::JoinSet::new();
             for (i, task) in request.tasks.iter().enumerate() {
@@ -273,9 +270,8 @@ mod tests {
             policy_version: 4,
             env: EnvConfig::default(),
         };
-        for trainer in [Some("http://trainer:8002/"), None] {
-            let pool =
-                RemotePool::new(vec![url.clone()], trainer.map(str::to_owned), Duration::from_secs(10));
+        for trainer in [Some(PullFrom::new("http://trainer:8002/".into())), None] {
+            let pool = RemotePool::new(vec![url.clone()], trainer.clone(), Duration::from_secs(10));
             let items: Vec<_> = pool.rollout(request.clone()).collect().await;
             assert_eq!(items.len(), 3);
             assert!(items.iter().all(|i| i.as_ref().is_err_and(|e| e.reason == "scripted")), "{items:?}");
@@ -283,7 +279,9 @@ mod tests {
             assert_eq!(bodies.len(), 3, "one request per task, for a Service to balance");
             for body in bodies {
                 assert_eq!(body["prompts"].as_array().map(Vec::len), Some(1), "{body}");
-                let weights = trainer.map(|_| json!({"version": 4, "url": "http://trainer:8002/weights/4"}));
+                let weights = trainer
+                    .as_ref()
+                    .map(|t| json!({"version": 4, "url": "http://trainer:8002/weights/4", "run": t.run}));
                 assert_eq!(body.get("weights"), weights.as_ref(), "{body}");
             }
         }

@@ -13,7 +13,7 @@ use super::optim::AdamW;
 use super::pool::{InProcessPool, RemotePool, RolloutPool, RolloutRequest};
 use super::server::{Phase, StatusHandle};
 use super::update::Learner;
-use super::weights::{Publisher, WeightStore};
+use super::weights::{Publisher, PullFrom, WeightStore};
 use crate::agent::trajectory::{Status, Trajectory};
 use crate::model::{CausalLm, ChatTemplate, ModelError, SamplingParams, Tokenizer, save_pretrained};
 use crate::retriever::docstore::Manifest;
@@ -289,17 +289,17 @@ impl Trainer {
             let timeout = Duration::from_secs_f64(config.rollout.timeout_secs);
             match &config.weight_sync {
                 WeightSync::HttpPull { advertise_url: advertised } => {
-                    let advertised = advertised.clone().unwrap_or(advertise_url);
+                    let from = PullFrom::new(advertised.clone().unwrap_or(advertise_url));
                     // Requests in flight name at most `max_staleness` versions before the newest.
                     let keep = usize::try_from(config.rollout.max_staleness).unwrap_or(usize::MAX);
                     let publisher = Publisher::http_pull(
                         urls.clone(),
-                        advertised.clone(),
+                        from.clone(),
                         out.join("weights"),
                         weights,
                         keep.saturating_add(1),
                     );
-                    (Arc::new(RemotePool::new(urls, Some(advertised), timeout)), publisher)
+                    (Arc::new(RemotePool::new(urls, Some(from), timeout)), publisher)
                 }
                 WeightSync::SglangDisk { path, urls: servers } => (
                     Arc::new(RemotePool::new(urls, None, timeout)),

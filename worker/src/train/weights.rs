@@ -54,6 +54,30 @@ pub fn weights_url(advertise_url: &str, version: i64) -> String {
     format!("{}/weights/{version}", advertise_url.trim_end_matches('/'))
 }
 
+/// Where workers pull this trainer's weights, and which attempt of the run it is: a resumed run
+/// numbers its versions again from its checkpoint, so every source names its attempt and a
+/// worker holding another attempt's weights loads them whatever their number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullFrom {
+    /// The trainer's advertised base URL.
+    pub advertise_url: String,
+    /// This attempt's id, new for every trainer process.
+    pub run: String,
+}
+
+impl PullFrom {
+    /// The weights served at `advertise_url` by a new attempt.
+    pub fn new(advertise_url: String) -> Self {
+        PullFrom { advertise_url, run: format!("{:016x}", rand::random::<u64>()) }
+    }
+
+    /// The weight source of `version`: the body of `POST /weights` and the `weights` of a
+    /// `/rollout` request.
+    pub fn source(&self, version: i64) -> serde_json::Value {
+        json!({"version": version, "url": weights_url(&self.advertise_url, version), "run": self.run})
+    }
+}
+
 /// How weights reach the engines.
 pub enum Publisher {
     /// The in-process pool's engine.
@@ -61,7 +85,7 @@ pub enum Publisher {
     /// Workers pull from the trainer's `/weights/{version}`.
     HttpPull {
         workers: Vec<String>,
-        advertise_url: String,
+        from: PullFrom,
         dir: PathBuf,
         store: WeightStore,
         /// Versions served at once: those that requests in flight may name.
@@ -76,12 +100,12 @@ impl Publisher {
     /// An HTTP-pull publisher writing into `dir` and serving the newest `keep` versions.
     pub fn http_pull(
         workers: Vec<String>,
-        advertise_url: String,
+        from: PullFrom,
         dir: PathBuf,
         store: WeightStore,
         keep: usize,
     ) -> Self {
-        Publisher::HttpPull { workers, advertise_url, dir, store, keep, client: client() }
+        Publisher::HttpPull { workers, from, dir, store, keep, client: client() }
     }
 
     /// An SGLang publisher writing folders under `path`.
@@ -99,13 +123,13 @@ impl Publisher {
                 });
                 engine.load_weights(tensors, version).await.map_err(|e| SyncError::Engine(e.to_string()))
             }
-            Publisher::HttpPull { workers, advertise_url, dir, store, keep, client } => {
+            Publisher::HttpPull { workers, from, dir, store, keep, client } => {
                 let file = dir.join(format!("v{version}.safetensors"));
                 write_safetensors(policy, &file).map_err(|source| SyncError::Write { version, source })?;
                 for old in store.publish(version, file, *keep) {
                     let _ = std::fs::remove_file(old);
                 }
-                let body = json!({"version": version, "url": weights_url(advertise_url, version)});
+                let body = from.source(version);
                 let calls = workers
                     .iter()
                     .map(|w| post(client, format!("{}/weights", w.trim_end_matches('/')), &body));
@@ -173,5 +197,14 @@ mod tests {
         assert_eq!((store.file(1), store.file(2), store.file(3)), (None, Some(file(2)), Some(file(3))));
         assert_eq!(store.publish(4, file(4), 0), [file(2), file(3)], "the newest is always kept");
         assert_eq!(weights_url("http://t:8002/", 4), "http://t:8002/weights/4");
+    }
+
+    #[test]
+    fn every_attempt_names_itself_in_its_sources() {
+        let (a, b) = (PullFrom::new("http://t:8002/".into()), PullFrom::new("http://t:8002/".into()));
+        assert_ne!(a.run, b.run);
+        let source: crate::rollout::weights::WeightSource = serde_json::from_value(a.source(4)).unwrap();
+        assert_eq!(source.url.as_deref(), Some("http://t:8002/weights/4"));
+        assert_eq!((source.version, source.run), (4, Some(a.run)));
     }
 }
