@@ -148,6 +148,22 @@ async fn finish_job(client: &Client, name: &str, type_: &str) {
         .unwrap();
 }
 
+/// Creates pod `name` whose one container has ended with `report` as its termination message, as
+/// a kart workload leaves it through `KART_STATUS_FILE`.
+async fn ended_pod(client: &Client, name: &str, labels: Value, annotations: Value, report: &Value) {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels, "annotations": annotations},
+        "spec": {"containers": [{"name": "main", "image": "kart"}]}});
+    let _: k8s_openapi::api::core::v1::Pod = create(client, pod).await;
+    let terminated = json!({"status": {"containerStatuses": [{"name": "main", "image": "kart", "imageID": "",
+        "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "message": report.to_string()}}}]}});
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&terminated))
+        .await
+        .unwrap();
+}
+
 fn job_args(server: &FakeApiServer, name: &str) -> Vec<String> {
     let job = server.get("batch/v1/jobs", NS, name).expect("job");
     serde_json::from_value(job["spec"]["template"]["spec"]["containers"][0]["args"].clone()).unwrap()
@@ -180,6 +196,11 @@ async fn training_waits_for_dependencies_runs_reports_and_finishes() {
         "no trainer before its dependencies"
     );
 
+    // The index-build pod ends with its report as its termination message.
+    let labels =
+        json!({"app.kubernetes.io/instance": "wiki", "app.kubernetes.io/component": "retriever-index"});
+    let report = json!({"documents": 21015324, "method": "bm25"});
+    ended_pod(&client, "wiki-retriever-index-fghij", labels, json!({}), &report).await;
     finish_job(&client, "wiki-retriever-index", "Complete").await;
     eventually("the trainer Job", || async { server.get("batch/v1/jobs", NS, "run-trainer-0") }).await;
     let ret =
@@ -189,6 +210,7 @@ async fn training_waits_for_dependencies_runs_reports_and_finishes() {
         (ret["status"]["phase"].as_str(), ret["status"]["indexBuilt"].as_bool()),
         (Some("Ready"), Some(true))
     );
+    assert_eq!(ret["status"]["documentsIndexed"], 21015324, "the count the index-build pod reported");
     assert_eq!(job_args(&server, "run-trainer-0"), ["train", "--config", "/etc/kart/config.json"]);
     let config = server.get("/v1/configmaps", NS, "run-trainer").unwrap();
     let config: Value = serde_json::from_str(config["data"]["config.json"].as_str().unwrap()).unwrap();
@@ -205,22 +227,10 @@ async fn training_waits_for_dependencies_runs_reports_and_finishes() {
     })
     .await;
     // Rank 0 ends and leaves its final report as its termination message.
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "run-trainer-0-0-abcde", "namespace": NS,
-                     "labels": {"app.kubernetes.io/instance": "run", "app.kubernetes.io/component": "trainer", "kart.dev/attempt": "0"},
-                     "annotations": {"batch.kubernetes.io/job-completion-index": "0"}},
-        "spec": {"containers": [{"name": "trainer", "image": "kart"}]}});
-    let pod: k8s_openapi::api::core::v1::Pod = create(&client, pod).await;
-    let terminated = json!({"status": {"containerStatuses": [{"name": "trainer", "image": "kart", "imageID": "", "ready": false,
-        "restartCount": 0, "state": {"terminated": {"exitCode": 0, "message": "{\"phase\": \"finished\", \"step\": 5}"}}}]}});
-    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS)
-        .patch_status(
-            pod.metadata.name.as_deref().unwrap(),
-            &PatchParams::default(),
-            &Patch::Merge(&terminated),
-        )
-        .await
-        .unwrap();
+    let labels = json!({"app.kubernetes.io/instance": "run", "app.kubernetes.io/component": "trainer", "kart.dev/attempt": "0"});
+    let annotations = json!({"batch.kubernetes.io/job-completion-index": "0"});
+    let report = json!({"phase": "finished", "step": 5});
+    ended_pod(&client, "run-trainer-0-0-abcde", labels, annotations, &report).await;
     finish_job(&client, "run-trainer-0", "Complete").await;
     let t = eventually("success", || async {
         let t = tj(&client).await;

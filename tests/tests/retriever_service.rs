@@ -24,14 +24,19 @@ fn search_r1_client_payload_works_unchanged() {
     let dir = std::env::temp_dir().join(format!("kart-retriever-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let index = dir.join("index");
+    let report = dir.join("termination-log");
     let status = Command::new(binary("kart"))
         .args(["retriever", "index", "--method", "bm25", "--corpus"])
         .arg(corpus(&dir))
         .arg("--out")
         .arg(&index)
+        .env("KART_STATUS_FILE", &report)
         .status()
         .unwrap();
     assert!(status.success());
+    // The report the operator reads into the Retriever's status.
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(report, json!({"documents": 5, "method": "bm25"}));
 
     let port = free_port();
     let mut server = Child(

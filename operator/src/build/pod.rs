@@ -12,6 +12,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
 
+/// Where a workload writes its final report (`KART_STATUS_FILE`: the trainer its `/status` JSON,
+/// the index build its passage count): the container's termination message, which the
+/// controllers read when its Job ends.
+pub const STATUS_FILE: &str = "/dev/termination-log";
+
 /// The group the kart image runs as (`USER 65532:65532` in `deploy/Dockerfile.worker`).
 pub const IMAGE_GROUP: i64 = 65532;
 

@@ -8,7 +8,9 @@
 
 use super::meta::{self, child};
 use super::objects::{claim, config_map, deployment, service};
-use super::pod::{ContainerParts, claim_volume, config_mount, config_volume, mount, template};
+use super::pod::{
+    ContainerParts, STATUS_FILE, claim_volume, config_mount, config_volume, env, mount, template,
+};
 use super::{INDEX_DIR, InvalidSpec, RETRIEVER_PORT, Settings, config_path};
 use crate::crd::Retriever;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -187,6 +189,8 @@ fn index_job(ret: &Retriever, settings: &Settings, name: &str, claim_name: &str)
             name: "index".into(),
             command: vec!["kart".into()],
             args,
+            // The passage count, read into `status.documentsIndexed`.
+            env: vec![env("KART_STATUS_FILE", STATUS_FILE)],
             mounts: vec![mount("index", INDEX_DIR, false)],
             ..ContainerParts::default()
         },

@@ -9,7 +9,9 @@
 
 use super::meta::{self, COMPLETION_INDEX, child};
 use super::objects::{claim, config_map, service};
-use super::pod::{ContainerParts, claim_volume, config_mount, config_volume, env, mount, template};
+use super::pod::{
+    ContainerParts, STATUS_FILE, claim_volume, config_mount, config_volume, env, mount, template,
+};
 use super::{InvalidSpec, MASTER_PORT, Settings, TRAINER_PORT, config_path, retriever, rollout_pool};
 use crate::crd::TrainingJob;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
@@ -26,9 +28,6 @@ pub const COMPONENT: &str = "trainer";
 
 /// Label of a trainer Job and its pods with the attempt number.
 pub const ATTEMPT: &str = "kart.dev/attempt";
-/// Where the trainer writes its final `/status` JSON (`KART_STATUS_FILE`): the container's
-/// termination message, which the controller reads when an attempt ends.
-pub const STATUS_FILE: &str = "/dev/termination-log";
 
 /// What a TrainingJob owns besides its Jobs.
 #[derive(Debug, Clone)]

@@ -4,20 +4,22 @@
 use super::apply::{apply, ensure, get, patch_status, publish};
 use super::{Context, Error, Scope, child_api};
 use crate::build::InvalidSpec;
-use crate::build::retriever::{children, index_name};
+use crate::build::meta;
+use crate::build::retriever::{INDEX_COMPONENT, children, index_name};
 use crate::crd::Retriever;
 use crate::crd::condition::{self, types};
 use crate::crd::retriever::RetrieverPhase;
 use crate::status::Transition;
-use crate::status::job::{JobOutcome, outcome};
-use crate::status::retriever::{derive, index_ready};
+use crate::status::job::{JobOutcome, outcome, termination_message};
+use crate::status::retriever::{derive, documents_indexed, index_ready};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use std::future::Future;
@@ -49,6 +51,10 @@ pub async fn reconcile(ret: Arc<Retriever>, ctx: Arc<Context>) -> Result<Action,
         };
     }
     let built = index_ready(&ret) || job.as_ref().map(outcome) == Some(JobOutcome::Succeeded);
+    let documents = match job.as_ref().map(outcome) {
+        Some(JobOutcome::Succeeded) => index_report(&ctx, &ret).await?,
+        _ => None,
+    };
     let deployment = if built {
         let d = apply(&ctx, &children.deployment).await?;
         apply(&ctx, &children.service).await?;
@@ -56,7 +62,7 @@ pub async fn reconcile(ret: Arc<Retriever>, ctx: Arc<Context>) -> Result<Action,
     } else {
         None
     };
-    let (status, transition) = derive(&ret, job.as_ref(), deployment.as_ref(), &now);
+    let (status, transition) = derive(&ret, job.as_ref(), documents, deployment.as_ref(), &now);
     if ret.status.as_ref() != Some(&status) {
         patch_status(&ctx, ret.as_ref(), &status).await?;
     }
@@ -65,6 +71,14 @@ pub async fn reconcile(ret: Arc<Retriever>, ctx: Arc<Context>) -> Result<Action,
     }
     ctx.backoff.succeeded(&key(&ret));
     Ok(Action::requeue(ctx.resync))
+}
+
+/// The passage count the index-build pod left as its termination message, if it did.
+async fn index_report(ctx: &Context, ret: &Retriever) -> Result<Option<u64>, Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ret.namespace().unwrap_or_default());
+    let selector = meta::selector_string(&ret.name_any(), INDEX_COMPONENT);
+    let pods = pods.list(&ListParams::default().labels(&selector)).await?;
+    Ok(pods.items.iter().filter_map(termination_message).find_map(documents_indexed))
 }
 
 /// Records an invalid spec as a `ValidationFailed` condition (and an Event when new); the

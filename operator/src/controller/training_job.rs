@@ -18,7 +18,7 @@ use crate::build::training_job::{
 use crate::crd::condition::{self, types};
 use crate::crd::{Retriever, RolloutPool, TrainingJob};
 use crate::status::Transition;
-use crate::status::job::{JobOutcome, outcome};
+use crate::status::job::{JobOutcome, outcome, termination_message};
 use crate::status::trainer::TrainerReport;
 use crate::status::training_job::{Action as Step, Dependency, Observed, plan};
 use futures::future::BoxFuture;
@@ -144,14 +144,7 @@ async fn final_report(ctx: &Context, tj: &TrainingJob, attempt: i32) -> Result<O
         let index = p.annotations().get(crate::build::meta::COMPLETION_INDEX).map(String::as_str);
         index.is_none_or(|i| i == "0")
     });
-    let message = rank0
-        .and_then(|p| p.status.as_ref())
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.first())
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.terminated.as_ref())
-        .and_then(|t| t.message.as_deref());
-    Ok(message.and_then(|m| serde_json::from_str(m).ok()))
+    Ok(rank0.and_then(termination_message).and_then(|m| serde_json::from_str(m).ok()))
 }
 
 /// Deletes a finished run's workloads: its Jobs, Services and ConfigMap (not the checkpoints).

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
     doc = "A retriever service: `kart retriever serve` behind a Service, with its index built by a Job.",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
+    printcolumn = r#"{"name":"Documents","type":"integer","jsonPath":".status.documentsIndexed"}"#,
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -134,6 +135,9 @@ pub struct RetrieverStatus {
     /// run again.
     #[serde(default)]
     pub index_built: bool,
+    /// Passages in the index, as the index-build Job reported them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub documents_indexed: Option<u64>,
     /// Serving pods.
     #[serde(default)]
     pub replicas: i32,

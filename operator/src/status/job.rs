@@ -1,6 +1,7 @@
 //! A Job's outcome, from its conditions or its pod counts.
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 
 /// Where a Job stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,13 @@ pub fn outcome(job: &Job) -> JobOutcome {
     } else {
         JobOutcome::Active
     }
+}
+
+/// The termination message of `pod`'s first container, once it has ended: the report a kart
+/// workload writes to `KART_STATUS_FILE`.
+pub fn termination_message(pod: &Pod) -> Option<&str> {
+    let container = pod.status.as_ref()?.container_statuses.as_ref()?.first()?;
+    container.state.as_ref()?.terminated.as_ref()?.message.as_deref()
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ mod logging;
 mod plot;
 mod retriever;
 mod rollout;
+mod status_file;
 mod train;
 
 use clap::{Parser, Subcommand};

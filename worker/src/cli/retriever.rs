@@ -117,6 +117,8 @@ fn index(args: IndexArgs) -> anyhow::Result<ExitCode> {
         args.out.display(),
         docs as f64 / secs
     );
+    // The operator reads the passage count into the Retriever's status.
+    super::status_file::write(&serde_json::json!({"documents": docs, "method": args.method}))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -31,6 +31,9 @@ pub struct TrainArgs {
     port: Option<u16>,
 }
 
+/// How long a failed run waits for a termination signal before it reports the failure.
+const SIGNAL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
     let path = args.config.display().to_string();
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("--config {path}"))?;
@@ -57,19 +60,30 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         ready.set(true);
         // A pod being deleted, suspended or evicted gets SIGTERM: training stops at once (a step's
         // update finishes first), and a resumed run continues from the newest checkpoint.
+        let shutdown = kart::http::shutdown_signal();
+        tokio::pin!(shutdown);
         let result = tokio::select! {
             result = trainer.run() => Some(result),
-            () = kart::http::shutdown_signal() => None,
+            () = &mut shutdown => None,
+        };
+        // Deleting a pod also takes away what it talks to (its Service, its workers), so a step
+        // can fail just before the signal arrives: a failure the signal follows within a moment
+        // is a stop.
+        let result = match result {
+            Some(Err(error)) => match tokio::time::timeout(SIGNAL_GRACE, &mut shutdown).await {
+                Ok(()) => {
+                    tracing::warn!(%error, "the run failed as a termination signal arrived");
+                    None
+                }
+                Err(_) => Some(Err(error)),
+            },
+            other => other,
         };
         if result.is_none() {
             status.update(|s| s.phase = Phase::Stopped);
         }
         // The operator reads the final status from this file (a pod's termination message).
-        if let Some(path) = std::env::var_os("KART_STATUS_FILE") {
-            let text = serde_json::to_string(&status.get())?;
-            std::fs::write(&path, text)
-                .with_context(|| format!("KART_STATUS_FILE {}", path.to_string_lossy()))?;
-        }
+        super::status_file::write(&status.get())?;
         let Some(result) = result else {
             eprintln!("stopped by a termination signal after step {}", status.get().step);
             return Ok(ExitCode::from(STOPPED));
