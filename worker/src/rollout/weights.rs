@@ -1,5 +1,5 @@
 //! How a worker's embedded engine gets new policy weights: pushed (`POST /weights`) or pulled (a
-//! `/rollout` request naming a newer version than the engine holds), one load at a time.
+//! `/rollout` request naming weights the engine does not hold), one load at a time.
 //!
 //! - A pull loads only when the engine is behind the version asked for, or holds weights another
 //!   trainer attempt published (a run resumed from a checkpoint numbers its versions again, so
