@@ -50,11 +50,9 @@ pub async fn reconcile(ret: Arc<Retriever>, ctx: Arc<Context>) -> Result<Action,
             None => Some(apply(&ctx, desired).await?),
         };
     }
-    let built = index_ready(&ret) || job.as_ref().map(outcome) == Some(JobOutcome::Succeeded);
-    let documents = match job.as_ref().map(outcome) {
-        Some(JobOutcome::Succeeded) => index_report(&ctx, &ret).await?,
-        _ => None,
-    };
+    let succeeded = job.as_ref().map(outcome) == Some(JobOutcome::Succeeded);
+    let built = index_ready(&ret) || succeeded;
+    let documents = if succeeded { index_report(&ctx, &ret).await? } else { None };
     let deployment = if built {
         let d = apply(&ctx, &children.deployment).await?;
         apply(&ctx, &children.service).await?;

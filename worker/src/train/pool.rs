@@ -107,7 +107,7 @@ impl RolloutPool for RemotePool {
     fn rollout(&self, request: RolloutRequest) -> BoxStream<'static, Result<Group, PoolError>> {
         let (tx, rx) = mpsc::channel(request.tasks.len().max(1));
         let (urls, client, attempts) = (self.urls.clone(), self.client.clone(), self.attempts);
-        let weights = self.weights.as_ref().map(|from| from.source(request.policy_version));
+        let weights = self.weights.as_ref().map(|from| json!(from.source(request.policy_version)));
         tokio::spawn(async move {
             let mut jobs = tokio::task::JoinSet::new();
             for (i, task) in request.tasks.iter().enumerate() {

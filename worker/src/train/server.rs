@@ -89,11 +89,12 @@ async fn weights_file(State(s): State<AppState>, Path(version): Path<String>) ->
     };
     // Streamed from the open file: a large policy never sits in memory, and a version let go
     // while it is sent stays readable until the end.
-    let opened = match tokio::fs::File::open(&file).await {
-        Ok(opened) => opened.metadata().await.map(|m| (opened, m.len())),
-        Err(e) => Err(e),
+    let opened = async {
+        let opened = tokio::fs::File::open(&file).await?;
+        let len = opened.metadata().await?.len();
+        std::io::Result::Ok((opened, len))
     };
-    match opened {
+    match opened.await {
         Ok((opened, len)) => (
             [
                 (header::CONTENT_TYPE, "application/octet-stream".to_string()),
@@ -117,19 +118,14 @@ const STREAM_CHUNK: usize = 1 << 20;
 mod tests {
     use super::*;
     use axum::http::Request;
-    use futures::StreamExt;
     use tower::ServiceExt;
 
     async fn get(app: Router, uri: &str) -> (StatusCode, Option<String>, Vec<u8>) {
         let response = app.oneshot(Request::get(uri).body(Body::empty()).unwrap()).await.unwrap();
         let status = response.status();
         let len = response.headers().get(header::CONTENT_LENGTH).map(|v| v.to_str().unwrap().to_string());
-        let mut stream = response.into_body().into_data_stream();
-        let mut body = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            body.extend_from_slice(&chunk.unwrap());
-        }
-        (status, len, body)
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        (status, len, body.to_vec())
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@
 
 use crate::model::{CausalLm, ModelError, save_pretrained, save_safetensors};
 use crate::rollout::embedded::EmbeddedEngine;
+use crate::rollout::weights::WeightSource;
 use serde_json::json;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -73,8 +74,13 @@ impl PullFrom {
 
     /// The weight source of `version`: the body of `POST /weights` and the `weights` of a
     /// `/rollout` request.
-    pub fn source(&self, version: i64) -> serde_json::Value {
-        json!({"version": version, "url": weights_url(&self.advertise_url, version), "run": self.run})
+    pub fn source(&self, version: i64) -> WeightSource {
+        WeightSource {
+            version,
+            url: Some(weights_url(&self.advertise_url, version)),
+            path: None,
+            run: Some(self.run.clone()),
+        }
     }
 }
 
@@ -129,7 +135,7 @@ impl Publisher {
                 for old in store.publish(version, file, *keep) {
                     let _ = std::fs::remove_file(old);
                 }
-                let body = from.source(version);
+                let body = json!(from.source(version));
                 let calls = workers
                     .iter()
                     .map(|w| post(client, format!("{}/weights", w.trim_end_matches('/')), &body));
@@ -203,7 +209,7 @@ mod tests {
     fn every_attempt_names_itself_in_its_sources() {
         let (a, b) = (PullFrom::new("http://t:8002/".into()), PullFrom::new("http://t:8002/".into()));
         assert_ne!(a.run, b.run);
-        let source: crate::rollout::weights::WeightSource = serde_json::from_value(a.source(4)).unwrap();
+        let source = a.source(4);
         assert_eq!(source.url.as_deref(), Some("http://t:8002/weights/4"));
         assert_eq!((source.version, source.run), (4, Some(a.run)));
     }
