@@ -2,7 +2,7 @@
 //!
 //! [`build`] streams a corpus into a [`DocStoreWriter`] whose `contents` field is indexed with the
 //! [`english_analyzer`]; [`Bm25Index`] ranks passages by tantivy's BM25 (k1 = 1.2, b = 0.75),
-//! finding the top k over tantivy's postings with block-max MaxScore (`max_score`).
+//! finding the top k over tantivy's postings with window-max MaxScore (`max_score`).
 //!
 //! Queries are user text (a model's `<search>` content) and are never parsed as a query language:
 //! the query is run through the same analyzer as the passages and a passage scores the sum of the
@@ -25,7 +25,7 @@
 use super::config::Method;
 use super::corpus::CorpusReader;
 use super::docstore::{DocStore, DocStoreWriter, FORMAT, Manifest, english_analyzer};
-use super::max_score::{self, BlockMaximaCache};
+use super::max_score::{self, WindowMaximaCache};
 use super::{LocalIndex, RetrieverError};
 use crate::agent::search_r1::RetrievalResult;
 use rayon::prelude::*;
@@ -65,7 +65,7 @@ pub fn build(
 pub struct Bm25Index {
     store: DocStore,
     analyzer: TextAnalyzer,
-    block_maxima: BlockMaximaCache,
+    window_maxima: WindowMaximaCache,
 }
 
 impl Bm25Index {
@@ -78,7 +78,7 @@ impl Bm25Index {
             let reason = format!("the manifest's method is {method}, not \"bm25\"");
             return Err(RetrieverError::Index { path: dir.to_path_buf(), reason });
         }
-        Ok(Bm25Index { store, analyzer: english_analyzer(), block_maxima: BlockMaximaCache::default() })
+        Ok(Bm25Index { store, analyzer: english_analyzer(), window_maxima: WindowMaximaCache::default() })
     }
 
     /// The `topk` best passages for `query`, best first, with their BM25 scores.
@@ -117,7 +117,7 @@ impl Bm25Index {
                     segment_ord,
                     &inverted_index,
                     &fieldnorms,
-                    &self.block_maxima,
+                    &self.window_maxima,
                     &weights,
                     topk,
                 )
@@ -311,7 +311,7 @@ mod tests {
 
     #[test]
     fn ranks_as_tantivys_boolean_query() {
-        // 20,000 passages of 5 to 40 words from a skewed vocabulary: common words that block-max
+        // 20,000 passages of 5 to 40 words from a skewed vocabulary: common words that window
         // bounds cannot set aside, rare words that leave most windows of documents empty, and
         // many windows.
         let dir = tempfile::tempdir().unwrap();

@@ -1,44 +1,96 @@
 //! Exact top-k of a disjunction of BM25 terms over tantivy postings: MaxScore (Turtle & Flood,
-//! 1995) with block-max bounds per window of documents, as Lucene's `MaxScoreBulkScorer`.
+//! 1995) over windows of documents, as Lucene's `MaxScoreBulkScorer`.
 //!
-//! A segment is scored a window of [`WINDOW`] doc ids at a time. In each window every term gets
-//! the best score it can give a document there, the maximum of its postings' block maxima
-//! ([`BlockMaxima`]) over the window. Terms are ordered by that bound; once `k` documents are
-//! found, the terms whose bounds add up to no more than the `k`-th best score are non-essential in
-//! the window: a document containing only them cannot enter the top `k`. Windows where no term is
-//! essential are skipped without reading a posting. The essential terms' postings are walked,
-//! their scores summed in an array; each document found is then completed with the non-essential
-//! terms (a skip-list seek each), most promising first, only while they can still lift it into the
-//! top `k`. Scores and ranks are those of tantivy's `BooleanQuery` of `Should` term queries, up to
-//! float rounding.
+//! A segment is scored a window of [`WINDOW`] doc ids at a time (windows aligned to multiples of
+//! it). The first time a term is queried, every posting of it is scored once for the best score it
+//! gives a document in each window and in each eighth of a window ([`WindowMaxima`], cached). In a
+//! window, terms are ordered by their bound there; once `k` documents are found, the terms whose
+//! bounds add up to no more than the `k`-th best score are non-essential in the window: a document
+//! containing only them cannot enter the top `k`. Windows where no term is essential are skipped
+//! without reading a posting. The essential terms' postings are walked a decoded block of 128 at a
+//! time; the documents found are then completed a non-essential term at a time, most promising
+//! first: each term keeps the documents that it and the terms after it can still lift above the
+//! threshold, by their bounds in the document's eighth of the window, and adds its scores to them
+//! with a seek each. Scores and ranks are those of tantivy's `BooleanQuery` of `Should` term
+//! queries, up to float rounding.
 //!
-//! Block maxima make the bounds tight: tantivy's own bound, [`Bm25Weight::max_score`], assumes an
-//! unbounded term frequency in the shortest document and is about twice the best score a common
-//! word really reaches, and a word's best score in a window is often well below its best anywhere.
+//! Exact window maxima make the bounds tight: tantivy's own bound, [`Bm25Weight::max_score`],
+//! assumes an unbounded term frequency in the shortest document and is about twice the best score
+//! a common word really reaches, and a word's best score in a window is often well below its best
+//! anywhere.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, RwLock};
 use tantivy::fieldnorm::FieldNormReader;
-use tantivy::postings::{Postings, SegmentPostings};
+use tantivy::postings::BlockSegmentPostings;
 use tantivy::query::Bm25Weight;
 use tantivy::schema::IndexRecordOption;
-use tantivy::{DocId, DocSet, InvertedIndexReader, Score, TERMINATED, Term};
+use tantivy::{DocId, InvertedIndexReader, Score, TERMINATED, Term};
 
 /// Doc ids scored together.
 const WINDOW: DocId = 4096;
 
-/// The postings of one term in one segment as blocks of 128: each block's last doc id and the
-/// best score of its documents.
-#[derive(Debug)]
-pub struct BlockMaxima {
-    last_docs: Vec<DocId>,
-    scores: Vec<Score>,
+/// Parts of a window with their own bound.
+const PARTS: usize = 8;
+
+/// Doc ids in a part of a window.
+const PART: usize = WINDOW as usize / PARTS;
+
+/// The best scores one term gives a document in a window and in each of its parts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Bounds {
+    window: Score,
+    parts: [Score; PARTS],
 }
 
-impl BlockMaxima {
-    /// Reads the blocks of `term`'s postings (decoding each once); `None` when the segment lacks
-    /// the term.
+impl Bounds {
+    const NONE: Bounds = Bounds { window: 0.0, parts: [0.0; PARTS] };
+
+    /// The bounds in 12 bytes: each part's as the least fraction `q / 255` of the window's that
+    /// is not below it.
+    fn pack(&self) -> PackedBounds {
+        let parts = self.parts.map(|part| {
+            let mut q = (part / self.window * 255.0).ceil().clamp(0.0, 255.0) as u8;
+            while q < u8::MAX && unpack(self.window, q) < part {
+                q += 1;
+            }
+            q
+        });
+        PackedBounds { window: self.window, parts }
+    }
+}
+
+/// [`Bounds`] packed by [`Bounds::pack`].
+#[derive(Debug, Clone, Copy)]
+struct PackedBounds {
+    window: Score,
+    parts: [u8; PARTS],
+}
+
+impl PackedBounds {
+    #[inline]
+    fn unpack(&self) -> Bounds {
+        Bounds { window: self.window, parts: self.parts.map(|q| unpack(self.window, q)) }
+    }
+}
+
+/// The part bound `q / 255` of `window` (exactly `window` for 255).
+#[inline]
+fn unpack(window: Score, q: u8) -> Score {
+    window * (Score::from(q) / 255.0)
+}
+
+/// The postings of one term in one segment summarised by window: the windows where the term has
+/// documents, ascending, and its [`Bounds`] there.
+#[derive(Debug)]
+pub struct WindowMaxima {
+    windows: Vec<u32>,
+    bounds: Vec<PackedBounds>,
+}
+
+impl WindowMaxima {
+    /// Scores every posting of `term` once; `None` when the segment lacks the term.
     fn read(
         inverted_index: &InvertedIndexReader,
         term: &Term,
@@ -48,31 +100,44 @@ impl BlockMaxima {
         let Some(mut blocks) = inverted_index.read_block_postings(term, IndexRecordOption::WithFreqs)? else {
             return Ok(None);
         };
-        let (mut last_docs, mut scores) = (Vec::new(), Vec::new());
-        while let Some(&last) = blocks.docs().last() {
-            last_docs.push(last);
-            scores.push(blocks.block_max_score(fieldnorms, weight));
+        let (mut windows, mut bounds) = (Vec::new(), Vec::new());
+        // The bounds of the last window of `windows`, packed into `bounds` once it is passed.
+        let mut current = Bounds::NONE;
+        while !blocks.docs().is_empty() {
+            for (&doc, &freq) in blocks.docs().iter().zip(blocks.freqs()) {
+                let score = weight.score(fieldnorms.fieldnorm_id(doc), freq);
+                let window = doc / WINDOW;
+                if windows.last() != Some(&window) {
+                    if !windows.is_empty() {
+                        bounds.push(current.pack());
+                    }
+                    windows.push(window);
+                    current = Bounds::NONE;
+                }
+                current.window = current.window.max(score);
+                let part = &mut current.parts[(doc % WINDOW) as usize / PART];
+                *part = part.max(score);
+            }
             blocks.advance();
         }
-        Ok(Some(BlockMaxima { last_docs, scores }))
-    }
-
-    /// The first block at or after `from` whose last doc is at least `doc`.
-    fn block_of(&self, from: usize, doc: DocId) -> usize {
-        from + self.last_docs[from..].partition_point(|&last| last < doc)
+        if !windows.is_empty() {
+            bounds.push(current.pack());
+        }
+        Ok(Some(WindowMaxima { windows, bounds }))
     }
 }
 
-/// The [`BlockMaxima`] of every term queried so far, by segment, read the first time a query uses
-/// the term and kept for the index's lifetime (the index never changes once built). Memory grows
-/// at most to 8 bytes per 128 postings of the index.
+/// The [`WindowMaxima`] of every term queried so far, by segment, read the first time a query uses
+/// the term and kept for the index's lifetime (the index never changes once built). A term takes
+/// 16 bytes per window where it has documents: at most 16 bytes per posting for a rare term, and
+/// 4 bytes per 1,000 documents of the segment for a common one (84 KB in a 21M-passage index).
 #[derive(Debug, Default)]
-pub struct BlockMaximaCache(RwLock<HashMap<SegmentTerm, Option<Arc<BlockMaxima>>>>);
+pub struct WindowMaximaCache(RwLock<HashMap<SegmentTerm, Option<Arc<WindowMaxima>>>>);
 
 /// A term in a segment (by ordinal).
 type SegmentTerm = (u32, Term);
 
-impl BlockMaximaCache {
+impl WindowMaximaCache {
     fn get(
         &self,
         segment_ord: u32,
@@ -80,14 +145,14 @@ impl BlockMaximaCache {
         weight: &Bm25Weight,
         fieldnorms: &FieldNormReader,
         inverted_index: &InvertedIndexReader,
-    ) -> tantivy::Result<Option<Arc<BlockMaxima>>> {
+    ) -> tantivy::Result<Option<Arc<WindowMaxima>>> {
         let key = (segment_ord, term.clone());
-        if let Some(blocks) = self.0.read().expect("block maxima lock").get(&key) {
-            return Ok(blocks.clone());
+        if let Some(maxima) = self.0.read().expect("window maxima lock").get(&key) {
+            return Ok(maxima.clone());
         }
-        let blocks = BlockMaxima::read(inverted_index, term, weight, fieldnorms)?.map(Arc::new);
-        self.0.write().expect("block maxima lock").insert(key, blocks.clone());
-        Ok(blocks)
+        let maxima = WindowMaxima::read(inverted_index, term, weight, fieldnorms)?.map(Arc::new);
+        self.0.write().expect("window maxima lock").insert(key, maxima.clone());
+        Ok(maxima)
     }
 }
 
@@ -112,53 +177,109 @@ impl PartialOrd for Hit {
     }
 }
 
-/// One term's postings, positioned in the segment.
+/// One term's postings in the segment, read a decoded block of 128 at a time.
 struct Cursor<'a> {
-    postings: SegmentPostings,
+    postings: BlockSegmentPostings,
+    /// The current posting's index in the loaded block; the block's length once it is passed
+    /// (the postings are exhausted when the block is empty).
+    at: usize,
     weight: &'a Bm25Weight,
-    blocks: Arc<BlockMaxima>,
-    /// The first block that may hold a doc of the current window or a later one.
-    block: usize,
-    /// The term's bound in the current window.
-    bound: Score,
+    maxima: Arc<WindowMaxima>,
+    /// The first of `maxima`'s windows not before the current window.
+    window_at: usize,
+    /// The term's bounds in the current window.
+    bounds: Bounds,
 }
 
 impl Cursor<'_> {
-    /// The best score the term gives a document in `[base, end)`; moves `block` to `base`.
-    fn window_bound(&mut self, base: DocId, end: DocId) -> Score {
-        self.block = self.blocks.block_of(self.block, base);
-        if self.postings.doc() >= end {
-            return 0.0;
+    /// Moves to `window`, which follows the previous one, and sets the term's bounds there.
+    fn enter(&mut self, window: u32) {
+        let windows = &self.maxima.windows;
+        while self.window_at < windows.len() && windows[self.window_at] < window {
+            self.window_at += 1;
         }
-        let BlockMaxima { last_docs, scores } = &*self.blocks;
-        let mut bound: Score = 0.0;
-        for (&last, &score) in last_docs[self.block..].iter().zip(&scores[self.block..]) {
-            bound = bound.max(score);
-            if last >= end - 1 {
-                break;
+        self.bounds = match windows.get(self.window_at) {
+            Some(&w) if w == window => self.maxima.bounds[self.window_at].unpack(),
+            _ => Bounds::NONE,
+        };
+    }
+
+    /// The next window after `window` where the term has documents, `None` after its last.
+    fn next_window(&self, window: u32) -> Option<u32> {
+        let windows = &self.maxima.windows;
+        let at = self.window_at + usize::from(windows.get(self.window_at) == Some(&window));
+        windows.get(at).copied()
+    }
+
+    /// The current doc, [`TERMINATED`] once the postings are exhausted.
+    fn doc(&self) -> DocId {
+        self.postings.docs().get(self.at).copied().unwrap_or(TERMINATED)
+    }
+
+    /// Moves to the first posting at or after `target` (never backwards).
+    fn seek(&mut self, target: DocId) {
+        let docs = self.postings.docs();
+        match docs.last() {
+            Some(&last) if last >= target => {
+                self.at = gallop(docs, self.at, target);
             }
-        }
-        bound
-    }
-
-    /// A lower bound of the term's first doc at or after `end`: exact when the postings are there
-    /// already, else the start of the first block that can hold one ([`TERMINATED`] if none can).
-    fn next_doc_from(&self, end: DocId) -> DocId {
-        let doc = self.postings.doc();
-        if doc >= end {
-            return doc;
-        }
-        let block = self.blocks.block_of(self.block, end);
-        match block {
-            b if b == self.blocks.last_docs.len() => TERMINATED,
-            0 => end,
-            b => end.max(self.blocks.last_docs[b - 1] + 1),
+            // Past the loaded block: the skip list finds the block, decoding no other.
+            Some(_) => self.at = self.postings.seek(target),
+            None => {}
         }
     }
 
-    fn score(&self, fieldnorms: &FieldNormReader, doc: DocId) -> Score {
-        self.weight.score(fieldnorms.fieldnorm_id(doc), self.postings.term_freq())
+    /// Calls `found(doc, score)` for every posting in `[from, end)`, in order, and stops at the
+    /// first posting at or after `end`.
+    fn walk(
+        &mut self,
+        from: DocId,
+        end: DocId,
+        fieldnorms: &FieldNormReader,
+        mut found: impl FnMut(DocId, Score),
+    ) {
+        self.seek(from);
+        loop {
+            let (docs, freqs) = (self.postings.docs(), self.postings.freqs());
+            let stop = match docs.last() {
+                Some(&last) if last < end => docs.len(),
+                Some(_) => self.at + docs[self.at..].partition_point(|&doc| doc < end),
+                None => return,
+            };
+            for (&doc, &freq) in docs[self.at..stop].iter().zip(&freqs[self.at..stop]) {
+                found(doc, self.weight.score(fieldnorms.fieldnorm_id(doc), freq));
+            }
+            self.at = stop;
+            if stop < docs.len() {
+                return;
+            }
+            self.postings.advance();
+            self.at = 0;
+        }
     }
+
+    /// The term's score of `doc` if it contains it, moving to it.
+    fn score_of(&mut self, doc: DocId, fieldnorms: &FieldNormReader) -> Option<Score> {
+        self.seek(doc);
+        (self.doc() == doc)
+            .then(|| self.weight.score(fieldnorms.fieldnorm_id(doc), self.postings.freqs()[self.at]))
+    }
+}
+
+/// The index of the first of `docs` at or after `target`, searching from `from`: doubling steps,
+/// then a binary search of the last one (cheap when the target is near).
+fn gallop(docs: &[DocId], from: usize, target: DocId) -> usize {
+    let (mut low, mut step) = (from, 1);
+    if docs[low] >= target {
+        return low;
+    }
+    // docs[low] < target <= docs[last] always holds.
+    while low + step < docs.len() && docs[low + step] < target {
+        low += step;
+        step *= 2;
+    }
+    let high = (low + step).min(docs.len());
+    low + 1 + docs[low + 1..high].partition_point(|&doc| doc < target)
 }
 
 /// The `k` best documents of a segment for the sum of the BM25 scores of `terms` (each with its
@@ -167,84 +288,194 @@ pub fn top_k(
     segment_ord: u32,
     inverted_index: &InvertedIndexReader,
     fieldnorms: &FieldNormReader,
-    cache: &BlockMaximaCache,
+    cache: &WindowMaximaCache,
     terms: &[(Bm25Weight, Term)],
     k: usize,
 ) -> tantivy::Result<Vec<Hit>> {
     let mut cursors = Vec::with_capacity(terms.len());
     for (weight, term) in terms {
-        let blocks = cache.get(segment_ord, term, weight, fieldnorms, inverted_index)?;
-        let postings = inverted_index.read_postings(term, IndexRecordOption::WithFreqs)?;
-        if let (Some(blocks), Some(postings)) = (blocks, postings) {
-            cursors.push(Cursor { postings, weight, blocks, block: 0, bound: 0.0 });
+        let maxima = cache.get(segment_ord, term, weight, fieldnorms, inverted_index)?;
+        let postings = inverted_index.read_block_postings(term, IndexRecordOption::WithFreqs)?;
+        if let (Some(maxima), Some(postings)) = (maxima, postings) {
+            cursors.push(Cursor { postings, at: 0, weight, maxima, window_at: 0, bounds: Bounds::NONE });
         }
     }
-    let mut top = BinaryHeap::with_capacity(k + 1);
-    let mut threshold = Score::MIN;
-    let mut scores = vec![0.0; WINDOW as usize];
-    let mut matched = [0u64; WINDOW as usize / 64];
-    // The cursors by their bound in the window (cursors are large: they are not moved), and
-    // bounds[i]: the best score the cursors order[..=i] give a document together.
-    let mut order: Vec<usize> = (0..cursors.len()).collect();
-    let mut bounds = Vec::with_capacity(cursors.len());
-    let mut base = cursors.iter().map(|c| c.postings.doc()).min().unwrap_or(TERMINATED);
-    while base != TERMINATED {
-        let end = base.saturating_add(WINDOW);
-        for cursor in &mut cursors {
-            cursor.bound = cursor.window_bound(base, end);
+    let mut scan = Scan::new(k, cursors.len());
+    let mut next = cursors.iter().filter_map(|c| c.maxima.windows.first()).min().copied();
+    while let Some(window) = next {
+        scan.window(&mut cursors, fieldnorms, window);
+        next = cursors.iter().filter_map(|c| c.next_window(window)).min();
+    }
+    Ok(scan.top.into_iter().map(|Reverse(hit)| hit).collect())
+}
+
+/// A scan of a segment's windows: the best documents so far and scratch space.
+struct Scan {
+    k: usize,
+    top: BinaryHeap<Reverse<Hit>>,
+    /// The `k`-th best score so far ([`Score::MIN`] until `k` documents are found).
+    threshold: Score,
+    /// The cursors by their bound in the window (cursors are large: they are not moved).
+    order: Vec<usize>,
+    /// `sums[i]`: the best the cursors `order[..=i]` give a document together, in each part.
+    sums: Vec<Bounds>,
+    /// Essential terms' scores by document of the window, and which documents they found.
+    scores: Vec<Score>,
+    matched: Vec<u64>,
+    /// The documents found (as offsets in the window) and their scores so far.
+    found: Vec<(DocId, Score)>,
+}
+
+impl Scan {
+    fn new(k: usize, terms: usize) -> Self {
+        Scan {
+            k,
+            top: BinaryHeap::with_capacity(k + 1),
+            threshold: Score::MIN,
+            order: (0..terms).collect(),
+            sums: Vec::with_capacity(terms),
+            scores: vec![0.0; WINDOW as usize],
+            matched: vec![0; WINDOW as usize / 64],
+            found: Vec::with_capacity(WINDOW as usize),
         }
-        order.sort_unstable_by(|&a, &b| cursors[a].bound.total_cmp(&cursors[b].bound));
-        bounds.clear();
-        bounds.extend(order.iter().scan(0.0, |sum, &c| {
-            *sum += cursors[c].bound;
+    }
+
+    /// Scores the documents of `window` that can enter the top `k`.
+    fn window(&mut self, cursors: &mut [Cursor], fieldnorms: &FieldNormReader, window: u32) {
+        for cursor in cursors.iter_mut() {
+            cursor.enter(window);
+        }
+        let Scan { order, sums, found, .. } = self;
+        let by_bound = |&a: &usize, &b: &usize| cursors[a].bounds.window.total_cmp(&cursors[b].bounds.window);
+        if !order.is_sorted_by(|a, b| by_bound(a, b).is_le()) {
+            order.sort_unstable_by(by_bound);
+        }
+        sums.clear();
+        sums.extend(order.iter().scan(Bounds::NONE, |sum, &c| {
+            sum.window += cursors[c].bounds.window;
+            for (part, bound) in sum.parts.iter_mut().zip(cursors[c].bounds.parts) {
+                *part += bound;
+            }
             Some(*sum)
         }));
         // order[..essential] are non-essential in this window.
-        let essential = bounds.partition_point(|&bound| bound <= threshold);
+        let essential = sums.partition_point(|sum| sum.window <= self.threshold);
+        if essential == order.len() {
+            return;
+        }
+        let (base, end) = (window * WINDOW, window * WINDOW + WINDOW);
+        found.clear();
+        if let [c] = order[essential..] {
+            cursors[c].walk(base, end, fieldnorms, |doc, score| found.push((doc - base, score)));
+        } else {
+            self.gather(cursors, fieldnorms, essential, base, end);
+        }
+        self.complete(cursors, fieldnorms, essential, base);
+    }
+
+    /// Sums the scores of the essential terms `order[essential..]` for the documents in
+    /// `[base, end)` they find, into `found` in document order.
+    fn gather(
+        &mut self,
+        cursors: &mut [Cursor],
+        fieldnorms: &FieldNormReader,
+        essential: usize,
+        base: DocId,
+        end: DocId,
+    ) {
+        let Scan { order, scores, matched, found, .. } = self;
         for &c in &order[essential..] {
-            let cursor = &mut cursors[c];
-            let mut doc = cursor.postings.doc();
-            if doc < base {
-                doc = cursor.postings.seek(base);
-            }
-            while doc < end {
+            cursors[c].walk(base, end, fieldnorms, |doc, score| {
                 let i = (doc - base) as usize;
-                scores[i] += cursor.score(fieldnorms, doc);
+                scores[i] += score;
                 matched[i / 64] |= 1 << (i % 64);
-                doc = cursor.postings.advance();
-            }
+            });
         }
         for (word_index, word) in matched.iter_mut().enumerate() {
             let mut bits = std::mem::take(word);
             while bits != 0 {
                 let i = word_index * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                let doc = base + i as DocId;
-                let mut score = std::mem::take(&mut scores[i]);
-                for (&c, &bound) in order[..essential].iter().zip(&bounds[..essential]).rev() {
-                    if score + bound <= threshold {
-                        break;
-                    }
-                    let cursor = &mut cursors[c];
-                    if cursor.postings.doc() < doc {
-                        cursor.postings.seek(doc);
-                    }
-                    if cursor.postings.doc() == doc {
-                        score += cursor.score(fieldnorms, doc);
-                    }
+                found.push((i as DocId, std::mem::take(&mut scores[i])));
+            }
+        }
+    }
+
+    /// Adds the non-essential terms' scores to the documents found, a term at a time, most
+    /// promising first, and keeps those that reach the top `k`.
+    fn complete(
+        &mut self,
+        cursors: &mut [Cursor],
+        fieldnorms: &FieldNormReader,
+        essential: usize,
+        base: DocId,
+    ) {
+        let Scan { k, top, threshold, order, sums, found, .. } = self;
+        for (&c, sum) in order[..essential].iter().zip(&sums[..essential]).rev() {
+            // Keeps, without a branch per document, those this term and the ones after it can
+            // still lift above the threshold.
+            let mut kept = 0;
+            for i in 0..found.len() {
+                let (offset, score) = found[i];
+                found[kept] = (offset, score);
+                kept += usize::from(score + sum.parts[offset as usize / PART] > *threshold);
+            }
+            found.truncate(kept);
+            let cursor = &mut cursors[c];
+            for (offset, score) in found.iter_mut() {
+                *score += cursor.score_of(base + *offset, fieldnorms).unwrap_or(0.0);
+            }
+        }
+        for &(offset, score) in found.iter() {
+            if score > *threshold {
+                top.push(Reverse(Hit { score, doc: base + offset }));
+                if top.len() > *k {
+                    top.pop();
                 }
-                if score > threshold {
-                    top.push(Reverse(Hit { score, doc }));
-                    if top.len() > k {
-                        top.pop();
-                    }
-                    if top.len() == k {
-                        threshold = top.peek().map_or(Score::MIN, |hit| hit.0.score);
-                    }
+                if top.len() == *k {
+                    *threshold = top.peek().map_or(Score::MIN, |hit| hit.0.score);
                 }
             }
         }
-        base = cursors.iter().map(|c| c.next_doc_from(end)).min().unwrap_or(TERMINATED);
     }
-    Ok(top.into_iter().map(|Reverse(hit)| hit).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_part_bounds_are_never_below_the_parts_nor_above_the_window() {
+        for window in [1e-3, 0.37, 1.0, 3.3, 7.123_456, 19.9, 1234.5] {
+            let mut parts = [0.0; PARTS];
+            for (i, part) in parts.iter_mut().enumerate() {
+                *part = window * [0.0, 1e-7, 0.5, 0.999_999, 1.0, 0.1, 1.0 / 255.0, 254.5 / 255.0][i];
+            }
+            let bounds = Bounds { window, parts };
+            let unpacked = bounds.pack().unpack();
+            assert_eq!(unpacked.window, window);
+            for (packed, part) in unpacked.parts.iter().zip(parts) {
+                assert!(*packed >= part && *packed <= window, "{part} packed as {packed} (window {window})");
+                assert!(
+                    *packed - part <= window / 255.0 * 1.001,
+                    "{part} packed as {packed} (window {window})"
+                );
+            }
+            assert_eq!(unpacked.parts[0], 0.0);
+            assert_eq!(unpacked.parts[4], window);
+        }
+    }
+
+    #[test]
+    fn gallop_finds_the_first_doc_at_or_after_the_target() {
+        let docs: Vec<DocId> = (0..128).map(|i| i * 3 + i * i / 7).collect();
+        let last = *docs.last().unwrap();
+        for from in [0, 1, 5, 63, 126, 127] {
+            for target in docs[from] + 1..=last {
+                let expected = docs.partition_point(|&doc| doc < target);
+                assert_eq!(gallop(&docs, from, target), expected, "from {from}, target {target}");
+            }
+            assert_eq!(gallop(&docs, from, docs[from]), from);
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! - [`config`]: the retriever's configuration (also rendered by the operator);
 //! - [`corpus`]: streaming reader of the Search-R1 corpus format (JSON lines, optionally gzipped);
 //! - [`docstore`]: the documents stored beside every local index;
-//! - [`bm25`]: building and searching the BM25 index, with top-k by block-max MaxScore (`max_score`);
+//! - [`bm25`]: building and searching the BM25 index, with top-k by window-max MaxScore (`max_score`);
 //! - [`encoder`] and [`dense`]: sentence embeddings and the flat inner-product index;
 //! - [`online`]: Serper web search and page reading (Jina reader or direct fetch), cached;
 //! - [`server`]: the HTTP service.
