@@ -311,12 +311,12 @@ mod tests {
 
     #[test]
     fn ranks_as_tantivys_boolean_query() {
-        // 20,000 passages of 5 to 40 words from a skewed vocabulary: common words that window
+        // 50,000 passages of 5 to 40 words from a skewed vocabulary: common words that window
         // bounds cannot set aside, rare words that leave most windows of documents empty, and
         // many windows.
         let dir = tempfile::tempdir().unwrap();
         let mut random = Lcg(7);
-        let rows: Vec<String> = (0..20_000)
+        let rows: Vec<String> = (0..50_000)
             .map(|i| {
                 let text: Vec<String> = (0..5 + random.below(36)).map(|_| random.word()).collect();
                 serde_json::json!({"id": i.to_string(), "contents": text.join(" ")}).to_string()
