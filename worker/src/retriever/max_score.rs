@@ -128,9 +128,7 @@ impl WindowMaxima {
         }
         Ok(Some(WindowMaxima { windows, bounds }))
     }
-}
 
-impl WindowMaxima {
     /// Bytes held (the vectors' contents).
     fn bytes(&self) -> usize {
         self.windows.len() * std::mem::size_of::<u32>()
@@ -168,7 +166,7 @@ impl Default for WindowMaximaCache {
 
 impl WindowMaximaCache {
     /// A cache keeping at most about `budget` bytes (always the last term read).
-    pub fn with_budget(budget: usize) -> Self {
+    fn with_budget(budget: usize) -> Self {
         let terms = CachedTerms { lru: LruCache::unbounded(), bytes: 0 };
         WindowMaximaCache { terms: Mutex::new(terms), budget }
     }
