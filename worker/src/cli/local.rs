@@ -77,6 +77,10 @@ pub struct LocalArgs {
     /// memory without searching: a habit greedy decoding shows and RL has to unlearn.
     #[arg(long, default_value_t = 0.0)]
     year_guess_share: f64,
+    /// Share of the two-hop questions whose gold trajectory answers with the bridge entity after
+    /// the first hop: a habit greedy decoding shows and RL has to unlearn.
+    #[arg(long, default_value_t = 0.0)]
+    first_hop_share: f64,
     /// RL steps.
     #[arg(long, default_value_t = 40)]
     steps: u64,
@@ -192,9 +196,11 @@ fn print_table(s: &LocalSummary) {
 async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     let algorithm: AdvantageEstimator = serde_json::from_value(json!(args.algorithm))
         .with_context(|| format!("--algorithm {}: expected grpo, drgrpo, rloo or gae", args.algorithm))?;
-    for (flag, share) in
-        [("--corrupt-share", args.corrupt_share), ("--year-guess-share", args.year_guess_share)]
-    {
+    for (flag, share) in [
+        ("--corrupt-share", args.corrupt_share),
+        ("--year-guess-share", args.year_guess_share),
+        ("--first-hop-share", args.first_hop_share),
+    ] {
         anyhow::ensure!((0.0..=1.0).contains(&share), "{flag} {share}: must be between 0 and 1");
     }
     let persons = args.persons;
@@ -220,6 +226,7 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
             gold: GoldConfig {
                 corrupt_share: args.corrupt_share,
                 year_guess_share: args.year_guess_share,
+                first_hop_share: args.first_hop_share,
                 ..GoldConfig::default()
             },
         },

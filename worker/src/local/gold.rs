@@ -6,11 +6,12 @@
 //! [`execute`], so the observation is byte for byte what a rollout sees. A configurable share of
 //! the questions gets a deliberately imperfect trajectory ([`Variant`]) so that RL has something
 //! to fix. Imperfections spread evenly over the questions never show under greedy decoding (the
-//! most likely turn is the correct one everywhere), so an optional second share is a habit tied
-//! to a kind of question: year questions answered from memory, without a search, as a base model
-//! answers dates it believes it knows. With most year questions guessed, the warm-started policy
-//! guesses years greedily while its samples still search sometimes, which RL can reward. The
-//! choice and the imperfections are deterministic per question and seed.
+//! most likely turn is the correct one everywhere), so optional shares are habits tied to a kind
+//! of question: year questions answered from memory, without a search, as a base model answers
+//! dates it believes it knows, or two-hop questions answered with the bridge entity after the
+//! first hop. With most such questions answered so, the warm-started policy does it greedily
+//! while its samples still do better sometimes, which RL can reward. The choice and the
+//! imperfections are deterministic per question and seed.
 
 use super::rng::Rng;
 use super::world::{BIRTH_YEARS, Entity, FOUNDING_YEARS, Hop, Question, Relation, World};
@@ -33,13 +34,16 @@ pub struct GoldConfig {
     /// Share of the questions asking for a year (birth or founding) answered with a guess and no
     /// search, before `corrupt_share` applies to the rest.
     pub year_guess_share: f64,
+    /// Share of the two-hop questions answered with the bridge entity after the first hop, before
+    /// `corrupt_share` applies to the rest.
+    pub first_hop_share: f64,
     /// Seed of the choice of questions and of their imperfections.
     pub seed: u64,
 }
 
 impl Default for GoldConfig {
     fn default() -> Self {
-        GoldConfig { corrupt_share: 0.25, year_guess_share: 0.0, seed: 0 }
+        GoldConfig { corrupt_share: 0.25, year_guess_share: 0.0, first_hop_share: 0.0, seed: 0 }
     }
 }
 
@@ -67,6 +71,9 @@ impl World {
             matches!(question.hops.last().map(|h| h.relation), Some(Relation::BirthYear | Relation::Founded));
         if asks_year && rng.chance(config.year_guess_share) {
             return Variant::NoSearch;
+        }
+        if question.hops.len() > 1 && rng.chance(config.first_hop_share) {
+            return Variant::FirstHopOnly;
         }
         if !rng.chance(config.corrupt_share) {
             return Variant::Correct;

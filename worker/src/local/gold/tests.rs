@@ -140,6 +140,16 @@ fn the_choice_is_deterministic_and_shares_as_configured() {
     let (years, others) = (guessed(true), guessed(false));
     assert!((years - (0.7 + 0.3 * 0.25 * 0.4)).abs() < 0.05, "year questions guessed: {years}");
     assert!(others < 0.25 * 0.6, "other questions guessed: {others}");
+    // The first-hop habit: most two-hop questions stop after the first hop, no single-hop one does.
+    let habit = GoldConfig { first_hop_share: 0.7, ..config };
+    let first_hop_only = |hops: usize| {
+        let qs: Vec<&Question> = world.train.iter().filter(|q| q.hops.len() == hops).collect();
+        qs.iter().filter(|q| world.gold_variant(q, &habit) == Variant::FirstHopOnly).count() as f64
+            / qs.len() as f64
+    };
+    let two_hop = first_hop_only(2);
+    assert!((two_hop - (0.7 + 0.3 * 0.25 / 3.0)).abs() < 0.05, "two-hop questions stopped: {two_hop}");
+    assert_eq!(first_hop_only(1), 0.0);
     // Trajectories, imperfections included, are repeatable.
     for q in world.train.iter().take(200) {
         assert_eq!(
