@@ -10,7 +10,7 @@ fn help_exposes_world_model_steps_algorithm_seed_and_output() {
     let out = Command::new(binary("kart")).args(["local", "--help"]).output().unwrap();
     let help = String::from_utf8(out.stdout).unwrap();
     for flag in
-        ["--persons", "--hidden", "--layers", "--steps", "--algorithm", "--seed", "--out", "--warm-steps"]
+        ["--persons", "--rl-questions", "--hidden", "--layers", "--steps", "--algorithm", "--seed", "--out"]
     {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
@@ -21,7 +21,8 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     let dir = std::env::temp_dir().join(format!("kart-local-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let output = Command::new(binary("kart"))
-        .args(["local", "--persons", "200", "--hidden", "32", "--layers", "1", "--vocab", "600"])
+        .args(["local", "--persons", "400", "--rl-questions", "20", "--hidden", "32", "--layers", "1"])
+        .args(["--vocab", "600"])
         .args(["--warm-steps", "6", "--warm-batch", "4", "--steps", "2", "--prompts", "2", "--n", "2"])
         .args(["--eval-questions", "8", "--seed", "5", "--out"])
         .arg(&dir)
@@ -45,8 +46,25 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     let steps = std::fs::read_to_string(dir.join("rl/metrics.jsonl")).unwrap().lines().count();
     assert_eq!(steps, 3, "the evaluation before RL and two steps");
-    for file in ["world/corpus.jsonl", "world/train.parquet", "world/test.parquet"] {
+    for file in
+        ["world/corpus.jsonl", "world/train.parquet", "world/test.parquet", "world/warm-start.parquet"]
+    {
         assert!(dir.join(file).is_file(), "{file}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_world_too_small_for_its_splits_is_refused_naming_the_flags() {
+    let dir = std::env::temp_dir().join(format!("kart-local-small-{}", std::process::id()));
+    let output = Command::new(binary("kart"))
+        .args(["local", "--persons", "200", "--rl-questions", "600", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("--persons 200") && stderr.contains("--rl-questions 600"), "{stderr}");
+    assert!(stderr.contains("train_questions = 600"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -41,6 +41,10 @@ pub struct LocalArgs {
     /// People in the world (companies and cities scale with it).
     #[arg(long, default_value_t = 3000)]
     persons: usize,
+    /// RL training questions: about persons and companies no warm-start trajectory names, so
+    /// their rewards come from searching, not from what the warm start memorised.
+    #[arg(long, default_value_t = 600)]
+    rl_questions: usize,
     /// Share of two-hop questions.
     #[arg(long, default_value_t = 0.4)]
     two_hop_share: f64,
@@ -82,7 +86,7 @@ pub struct LocalArgs {
     #[arg(long, default_value_t = 0.0)]
     first_hop_share: f64,
     /// RL steps.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 80)]
     steps: u64,
     /// Questions per RL step.
     #[arg(long, default_value_t = 8)]
@@ -212,6 +216,7 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
             cities: (persons / 20).max(10),
             companies: (persons / 10).max(10),
             two_hop_share: args.two_hop_share,
+            train_questions: args.rl_questions,
             ..WorldConfig::default()
         },
         hidden: args.hidden,
@@ -245,7 +250,13 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     tch::manual_seed(config.seed as i64);
 
     // The world, its corpus, index and datasets.
-    let world = World::generate(&WorldConfig { seed: config.seed, ..config.world.clone() })?;
+    let world =
+        World::generate(&WorldConfig { seed: config.seed, ..config.world.clone() }).with_context(|| {
+            format!(
+                "the world of --persons {} and --rl-questions {}",
+                config.world.persons, config.world.train_questions
+            )
+        })?;
     let world_dir = out.join("world");
     std::fs::create_dir_all(&world_dir)?;
     world.write_corpus(&world_dir.join("corpus.jsonl"))?;
@@ -257,9 +268,10 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     bm25::build(&world_dir.join("corpus.jsonl"), &index_dir, 64 << 20, |_, _, _| ())?;
     let index = Bm25Index::open(&index_dir)?;
     eprintln!(
-        "world: {} persons, {} passages, {} train and {} held-out questions",
+        "world: {} persons, {} passages; {} warm-start, {} RL and {} held-out questions",
         world.persons.len(),
         world.passages.len(),
+        world.warm_start.len(),
         world.train.len(),
         world.test.len()
     );
@@ -270,8 +282,14 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
         .passages
         .iter()
         .map(|p| format!("{}\n{}", p.title, p.text))
-        .chain(world.train.iter().filter_map(|q| q.to_prompt().ok()?.messages?.pop().map(|m| m.content)))
-        .chain(world.train.iter().map(|q| q.answer.clone()))
+        .chain(
+            world
+                .warm_start
+                .iter()
+                .chain(&world.train)
+                .filter_map(|q| q.to_prompt().ok()?.messages?.pop().map(|m| m.content)),
+        )
+        .chain(world.warm_start.iter().map(|q| q.answer.clone()))
         .collect();
     let tokenizer = Tokenizer::train_byte_level_bpe(
         texts.iter().map(String::as_str),

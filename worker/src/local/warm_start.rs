@@ -1,4 +1,4 @@
-//! The supervised warm start of `kart local`: gold trajectories of the training questions,
+//! The supervised warm start of `kart local`: gold trajectories of the warm-start questions,
 //! tokenised exactly as rollouts tokenise them (the prompt through the chat template, each model
 //! turn and each observation on its own), trained with cross-entropy on the model turns and the
 //! observations (never on the prompt).
@@ -28,7 +28,7 @@ pub struct WarmStart {
     pub gold: GoldConfig,
 }
 
-/// The gold trajectories of the world's training questions, token-exact.
+/// The gold trajectories of the world's warm-start questions, token-exact.
 pub fn gold_trajectories(
     world: &World,
     gold: &GoldConfig,
@@ -37,8 +37,8 @@ pub fn gold_trajectories(
     template: &ChatTemplate,
     topk: usize,
 ) -> Result<Vec<Trajectory>, ModelError> {
-    let mut out = Vec::with_capacity(world.train.len());
-    for q in &world.train {
+    let mut out = Vec::with_capacity(world.warm_start.len());
+    for q in &world.warm_start {
         let prompt = q
             .to_prompt()
             .map_err(|e| ModelError::Tokenizer { path: "(world)".into(), reason: e.to_string() })?;

@@ -10,10 +10,11 @@
 //!
 //! Every person and company is the subject of exactly one question: single-hop (`nq`, "Where was
 //! X born?") or two-hop through a spouse or an employer (`hotpotqa`, "Where is the headquarters
-//! of the company that employs X?"). The split is by entity: the world is generated in two
-//! partitions (spouses and employers never cross them) and the test questions are those about the
-//! test partition, so no entity of a test question (subject, bridge or answer) occurs in any
-//! training question.
+//! of the company that employs X?"). The split is by entity: the world is generated in three
+//! partitions (spouses and employers never cross them), one per split: held-out test questions,
+//! RL training questions and warm-start questions. No entity of a question (subject, bridge or
+//! answer) occurs in a question of another split, so neither the held-out nor the RL questions
+//! can be answered from what the supervised warm start memorised; only by searching.
 
 use super::names::Namer;
 use super::rng::Rng;
@@ -22,6 +23,7 @@ use crate::retriever::contents;
 use crate::train::data::{DataError, Message, Prompt, write_search_r1};
 use std::collections::{HashMap, HashSet};
 use std::io::{BufWriter, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// The years persons are born in.
@@ -87,6 +89,9 @@ pub struct WorldConfig {
     pub two_hop_share: f64,
     /// Held-out questions (the size of the test partition, persons and companies).
     pub test_questions: usize,
+    /// RL training questions (the size of the train partition); the persons and companies left
+    /// after the test and train partitions are the warm start's.
+    pub train_questions: usize,
 }
 
 impl Default for WorldConfig {
@@ -99,6 +104,7 @@ impl Default for WorldConfig {
             distractors_per_person: 0.5,
             two_hop_share: 0.4,
             test_questions: 200,
+            train_questions: 600,
         }
     }
 }
@@ -246,6 +252,7 @@ pub struct Passage {
 pub struct DatasetPaths {
     pub train: PathBuf,
     pub test: PathBuf,
+    pub warm_start: PathBuf,
 }
 
 /// A generated world: its entities, corpus and questions.
@@ -257,8 +264,12 @@ pub struct World {
     pub persons: Vec<Person>,
     /// Cities, companies, persons, then distractors.
     pub passages: Vec<Passage>,
+    /// RL training questions (`train.parquet`).
     pub train: Vec<Question>,
+    /// Held-out questions (`test.parquet`).
     pub test: Vec<Question>,
+    /// Questions of the supervised warm start's gold trajectories (`warm-start.parquet`).
+    pub warm_start: Vec<Question>,
     /// Entity by name.
     names: HashMap<String, Entity>,
 }
@@ -266,7 +277,7 @@ pub struct World {
 impl World {
     /// Generates the world of `config`; the same config gives the same world on every platform.
     pub fn generate(config: &WorldConfig) -> Result<World, WorldError> {
-        let (test_persons, test_companies) = validate(config)?;
+        let partitions = validate(config)?;
         let seed = config.seed;
         let mut namer = Namer::new(Rng::stream(seed, "names"));
         let countries = namer.words(config.cities.div_ceil(12).max(1), 3);
@@ -297,11 +308,10 @@ impl World {
         let mut persons = Vec::with_capacity(config.persons);
         for i in 0..config.persons {
             let name = unique_pair(&mut rng, &mut taken, &first, &last);
-            // Test persons work for test companies, training persons for training companies.
-            let employer = match i < test_persons {
-                true => rng.below(test_companies),
-                false => test_companies + rng.below(config.companies - test_companies),
-            };
+            // Persons work for companies of their own partition.
+            let companies =
+                &partitions.iter().find(|p| p.persons.contains(&i)).expect("partitioned").companies;
+            let employer = companies.start + rng.below(companies.len());
             persons.push(Person {
                 name,
                 birthplace: rng.below(cities.len()),
@@ -312,7 +322,7 @@ impl World {
             });
         }
         let mut rng = Rng::stream(seed, "couples");
-        for range in [0..test_persons, test_persons..config.persons] {
+        for range in partitions.iter().map(|p| p.persons.clone()) {
             let mut partition: Vec<usize> = range.collect();
             rng.shuffle(&mut partition);
             for pair in partition.chunks_exact(2) {
@@ -332,12 +342,14 @@ impl World {
             passages: Vec::new(),
             train: Vec::new(),
             test: Vec::new(),
+            warm_start: Vec::new(),
             names,
         };
         world.passages = world.corpus();
-        world.test = world.questions(0..test_persons, 0..test_companies, "test");
-        world.train =
-            world.questions(test_persons..config.persons, test_companies..config.companies, "train");
+        let [test, train, warm_start] = partitions;
+        world.test = world.questions(test.persons, test.companies, "test");
+        world.train = world.questions(train.persons, train.companies, "train");
+        world.warm_start = world.questions(warm_start.persons, warm_start.companies, "warm-start");
         Ok(world)
     }
 
@@ -403,13 +415,20 @@ impl World {
         out.flush().map_err(io)
     }
 
-    /// Writes `train.parquet` and `test.parquet` (Search-R1 rows) into `dir`, creating it.
+    /// Writes `train.parquet`, `test.parquet` and `warm-start.parquet` (Search-R1 rows) into
+    /// `dir`, creating it.
     pub fn write_dataset(&self, dir: &Path) -> Result<DatasetPaths, WorldError> {
         std::fs::create_dir_all(dir).map_err(|source| WorldError::Io { path: dir.to_owned(), source })?;
-        let paths = DatasetPaths { train: dir.join("train.parquet"), test: dir.join("test.parquet") };
-        for (questions, path, split) in
-            [(&self.train, &paths.train, "train"), (&self.test, &paths.test, "test")]
-        {
+        let paths = DatasetPaths {
+            train: dir.join("train.parquet"),
+            test: dir.join("test.parquet"),
+            warm_start: dir.join("warm-start.parquet"),
+        };
+        for (questions, path, split) in [
+            (&self.train, &paths.train, "train"),
+            (&self.test, &paths.test, "test"),
+            (&self.warm_start, &paths.warm_start, "warm-start"),
+        ] {
             let prompts = questions.iter().map(Question::to_prompt).collect::<Result<Vec<_>, _>>()?;
             write_search_r1(path, &prompts, "fact-reasoning", split)?;
         }
@@ -440,8 +459,17 @@ fn unique_pair<A: AsRef<str>, B: AsRef<str>>(
     }
 }
 
-/// The sizes of the two partitions' persons and companies, after checking `config`.
-fn validate(config: &WorldConfig) -> Result<(usize, usize), WorldError> {
+/// The persons and companies of one partition of a world.
+#[derive(Debug, Clone)]
+struct Partition {
+    persons: Range<usize>,
+    companies: Range<usize>,
+}
+
+/// The test, train and warm-start partitions (in entity order), after checking `config`. A split
+/// of `q` questions takes companies in proportion to the world's, at least one, and persons for
+/// the rest.
+fn validate(config: &WorldConfig) -> Result<[Partition; 3], WorldError> {
     let bad = |field, value: String, reason| Err(WorldError::Config { field, value, reason });
     if config.cities < 2 {
         return bad("cities", config.cities.to_string(), "a world needs at least two cities");
@@ -457,17 +485,30 @@ fn validate(config: &WorldConfig) -> Result<(usize, usize), WorldError> {
         return bad("distractors_per_person", value, "must be between 0 and 100");
     }
     let total = config.persons + config.companies;
-    let companies = (config.test_questions * config.companies).div_ceil(total.max(1)).max(1);
-    let persons = config.test_questions.saturating_sub(companies);
-    if config.test_questions == 0 || persons == 0 || persons >= config.persons {
-        let reason = "needs room for persons in both the test and the training partition";
-        return bad("test_questions", config.test_questions.to_string(), reason);
+    let sizes = |questions: usize| {
+        let companies = (questions * config.companies).div_ceil(total.max(1)).max(1);
+        (questions.saturating_sub(companies), companies)
+    };
+    let (test_persons, test_companies) = sizes(config.test_questions);
+    let (train_persons, train_companies) = sizes(config.train_questions);
+    let room = "needs room for persons in the test, the train and the warm-start partitions";
+    if config.test_questions == 0 || test_persons == 0 || test_persons >= config.persons {
+        return bad("test_questions", config.test_questions.to_string(), room);
     }
-    if companies >= config.companies {
-        let reason = "needs at least one company in each of the test and the training partitions";
+    if config.train_questions == 0 || train_persons == 0 || test_persons + train_persons >= config.persons {
+        return bad("train_questions", config.train_questions.to_string(), room);
+    }
+    if test_companies + train_companies >= config.companies {
+        let reason =
+            "needs at least one company in each of the test, the train and the warm-start partitions";
         return bad("companies", config.companies.to_string(), reason);
     }
-    Ok((persons, companies))
+    let (persons, companies) = (test_persons + train_persons, test_companies + train_companies);
+    Ok([
+        Partition { persons: 0..test_persons, companies: 0..test_companies },
+        Partition { persons: test_persons..persons, companies: test_companies..companies },
+        Partition { persons: persons..config.persons, companies: companies..config.companies },
+    ])
 }
 
 #[cfg(test)]

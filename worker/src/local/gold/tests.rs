@@ -10,6 +10,7 @@ fn world() -> World {
         cities: 30,
         companies: 40,
         test_questions: 50,
+        train_questions: 100,
         ..WorldConfig::default()
     })
     .unwrap()
@@ -34,7 +35,7 @@ fn final_answer(segments: &[Segment]) -> String {
 fn trajectories_follow_the_search_r1_protocol() {
     let world = world();
     let config = GoldConfig { corrupt_share: 0.5, seed: 1, ..GoldConfig::default() };
-    for q in world.train.iter().chain(&world.test) {
+    for q in world.warm_start.iter().chain(&world.test) {
         let mut queries = Vec::new();
         let segments = world.gold_trajectory(q, &config, |query| {
             queries.push(query.to_string());
@@ -74,7 +75,7 @@ fn variants_answer_as_they_should() {
     let world = world();
     let config = GoldConfig::default();
     let mut seen = HashSet::new();
-    for q in world.train.iter().chain(&world.test) {
+    for q in world.warm_start.iter().chain(&world.test) {
         let variant = world.gold_variant(q, &config);
         seen.insert((variant, q.hops.len()));
         let mut queries = Vec::new();
@@ -115,7 +116,7 @@ fn variants_answer_as_they_should() {
 fn the_choice_is_deterministic_and_shares_as_configured() {
     let world = World::generate(&WorldConfig::default()).unwrap();
     let variants = |config: &GoldConfig| -> Vec<Variant> {
-        world.train.iter().map(|q| world.gold_variant(q, config)).collect()
+        world.warm_start.iter().map(|q| world.gold_variant(q, config)).collect()
     };
     let config = GoldConfig { corrupt_share: 0.25, seed: 7, ..GoldConfig::default() };
     let a = variants(&config);
@@ -133,7 +134,7 @@ fn the_choice_is_deterministic_and_shares_as_configured() {
     let asks_year =
         |q: &Question| matches!(q.hops.last().unwrap().relation, Relation::BirthYear | Relation::Founded);
     let guessed = |years: bool| {
-        let qs: Vec<&Question> = world.train.iter().filter(|q| asks_year(q) == years).collect();
+        let qs: Vec<&Question> = world.warm_start.iter().filter(|q| asks_year(q) == years).collect();
         qs.iter().filter(|q| world.gold_variant(q, &habit) == Variant::NoSearch).count() as f64
             / qs.len() as f64
     };
@@ -143,7 +144,7 @@ fn the_choice_is_deterministic_and_shares_as_configured() {
     // The first-hop habit: most two-hop questions stop after the first hop, no single-hop one does.
     let habit = GoldConfig { first_hop_share: 0.7, ..config };
     let first_hop_only = |hops: usize| {
-        let qs: Vec<&Question> = world.train.iter().filter(|q| q.hops.len() == hops).collect();
+        let qs: Vec<&Question> = world.warm_start.iter().filter(|q| q.hops.len() == hops).collect();
         qs.iter().filter(|q| world.gold_variant(q, &habit) == Variant::FirstHopOnly).count() as f64
             / qs.len() as f64
     };
@@ -151,7 +152,7 @@ fn the_choice_is_deterministic_and_shares_as_configured() {
     assert!((two_hop - (0.7 + 0.3 * 0.25 / 3.0)).abs() < 0.05, "two-hop questions stopped: {two_hop}");
     assert_eq!(first_hop_only(1), 0.0);
     // Trajectories, imperfections included, are repeatable.
-    for q in world.train.iter().take(200) {
+    for q in world.warm_start.iter().take(200) {
         assert_eq!(
             world.gold_trajectory(q, &config, fake_search),
             world.gold_trajectory(q, &config, fake_search)

@@ -9,6 +9,7 @@ fn small(seed: u64) -> WorldConfig {
         cities: 30,
         companies: 40,
         test_questions: 50,
+        train_questions: 100,
         ..WorldConfig::default()
     }
 }
@@ -24,7 +25,10 @@ fn mentions(text: &str, name: &str) -> usize {
 fn the_same_seed_makes_the_same_world_and_another_seed_another() {
     let a = World::generate(&small(3)).unwrap();
     let b = World::generate(&small(3)).unwrap();
-    assert_eq!((&a.passages, &a.train, &a.test, &a.persons), (&b.passages, &b.train, &b.test, &b.persons));
+    assert_eq!(
+        (&a.passages, &a.train, &a.test, &a.warm_start, &a.persons),
+        (&b.passages, &b.train, &b.test, &b.warm_start, &b.persons)
+    );
     let c = World::generate(&small(4)).unwrap();
     assert_ne!(a.passages, c.passages);
     assert_ne!(a.test, c.test);
@@ -73,7 +77,7 @@ fn names_are_unique_and_never_shared_across_kinds() {
 fn every_answer_is_stated_in_its_gold_passage_which_names_its_subject_most() {
     let world = World::generate(&small(5)).unwrap();
     let by_title: HashMap<&str, &Passage> = world.passages.iter().map(|p| (p.title.as_str(), p)).collect();
-    for q in world.train.iter().chain(&world.test) {
+    for q in world.train.iter().chain(&world.test).chain(&world.warm_start) {
         assert_eq!(q.answer, q.hops.last().unwrap().answer);
         assert_eq!(q.data_source, if q.hops.len() == 1 { "nq" } else { "hotpotqa" });
         assert!(q.question.contains(&q.hops[0].title), "{q:?}");
@@ -103,8 +107,10 @@ fn the_split_is_by_entity_and_sized_as_configured() {
     let config = WorldConfig { seed: 9, ..WorldConfig::default() };
     let world = World::generate(&config).unwrap();
     assert_eq!(world.test.len(), config.test_questions);
-    assert_eq!(world.train.len() + world.test.len(), config.persons + config.companies);
-    for split in [&world.train, &world.test] {
+    assert_eq!(world.train.len(), config.train_questions);
+    let questions = world.train.len() + world.test.len() + world.warm_start.len();
+    assert_eq!(questions, config.persons + config.companies);
+    for split in [&world.train, &world.test, &world.warm_start] {
         let two_hop = split.iter().filter(|q| q.hops.len() == 2).count();
         assert_eq!(two_hop, (config.two_hop_share * split.len() as f64).round() as usize);
         let ids: HashSet<&str> = split.iter().map(|q| q.id.as_str()).collect();
@@ -114,10 +120,14 @@ fn the_split_is_by_entity_and_sized_as_configured() {
         let names = split.iter().flat_map(|q| q.hops.iter().flat_map(|h| [&h.title, &h.answer]));
         names.filter_map(|name| world.entity(name)).collect()
     };
-    let (train, test) = (entities(&world.train), entities(&world.test));
-    // The test partition is exactly the test questions' subjects, bridges and answers.
+    let (train, test, warm_start) =
+        (entities(&world.train), entities(&world.test), entities(&world.warm_start));
+    // Each partition is exactly its questions' subjects, bridges and answers.
     assert_eq!(test.len(), config.test_questions);
+    assert_eq!(train.len(), config.train_questions);
     assert!(train.is_disjoint(&test));
+    assert!(warm_start.is_disjoint(&test));
+    assert!(warm_start.is_disjoint(&train));
 }
 
 #[test]
@@ -135,7 +145,9 @@ fn the_corpus_and_the_dataset_are_written_in_search_r1_formats() {
     );
 
     let paths = world.write_dataset(&dir.path().join("data")).unwrap();
-    for (path, questions) in [(&paths.train, &world.train), (&paths.test, &world.test)] {
+    for (path, questions) in
+        [(&paths.train, &world.train), (&paths.test, &world.test), (&paths.warm_start, &world.warm_start)]
+    {
         let read = Dataset::load(path, DataFormat::SearchR1, false, 0).unwrap();
         let expected: Vec<Prompt> = questions.iter().map(|q| q.to_prompt().unwrap()).collect();
         assert_eq!(read.prompts, expected);
@@ -160,5 +172,8 @@ fn bad_configs_are_refused_naming_the_field() {
     );
     assert_eq!(refused(WorldConfig { test_questions: 500, ..small(1) }), "test_questions");
     assert_eq!(refused(WorldConfig { test_questions: 0, ..small(1) }), "test_questions");
+    assert_eq!(refused(WorldConfig { train_questions: 0, ..small(1) }), "train_questions");
+    // 50 test and 400 train questions leave no person for the warm start.
+    assert_eq!(refused(WorldConfig { train_questions: 400, ..small(1) }), "train_questions");
     assert_eq!(refused(WorldConfig { companies: 1, ..small(1) }), "companies");
 }
