@@ -306,20 +306,20 @@ impl World {
         let mut rng = Rng::stream(seed, "persons");
         let mut taken = HashSet::new();
         let mut persons = Vec::with_capacity(config.persons);
-        for i in 0..config.persons {
-            let name = unique_pair(&mut rng, &mut taken, &first, &last);
-            // Persons work for companies of their own partition.
-            let companies =
-                &partitions.iter().find(|p| p.persons.contains(&i)).expect("partitioned").companies;
-            let employer = companies.start + rng.below(companies.len());
-            persons.push(Person {
-                name,
-                birthplace: rng.below(cities.len()),
-                birth_year: rng.between(BIRTH_YEARS.0, BIRTH_YEARS.1),
-                occupation: rng.pick(&OCCUPATIONS),
-                employer,
-                spouse: None,
-            });
+        // Partitions are contiguous and in entity order; persons work for companies of their own.
+        for Partition { persons: members, companies } in &partitions {
+            for _ in members.clone() {
+                let name = unique_pair(&mut rng, &mut taken, &first, &last);
+                let employer = companies.start + rng.below(companies.len());
+                persons.push(Person {
+                    name,
+                    birthplace: rng.below(cities.len()),
+                    birth_year: rng.between(BIRTH_YEARS.0, BIRTH_YEARS.1),
+                    occupation: rng.pick(&OCCUPATIONS),
+                    employer,
+                    spouse: None,
+                });
+            }
         }
         let mut rng = Rng::stream(seed, "couples");
         for range in partitions.iter().map(|p| p.persons.clone()) {
