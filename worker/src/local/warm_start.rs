@@ -1,7 +1,7 @@
 //! The supervised warm start of `kart local`: gold trajectories of the warm-start questions,
 //! tokenised exactly as rollouts tokenise them (the prompt through the chat template, each model
-//! turn and each observation on its own), trained with cross-entropy on the model turns and the
-//! observations (never on the prompt).
+//! turn and each observation on its own), trained with cross-entropy on the model turns and on
+//! the observation tokens a model could copy from earlier in the trajectory (never on the prompt).
 
 use super::gold::{GoldConfig, Segment};
 use super::world::World;
@@ -13,6 +13,7 @@ use crate::train::batch::{MicroBatch, Sample};
 use crate::train::config::{OptimConfig, Schedule};
 use crate::train::optim::{AdamW, learning_rate};
 use indicatif::ProgressBar;
+use std::collections::HashSet;
 use tch::Kind;
 
 /// Settings of the warm start.
@@ -72,6 +73,24 @@ pub fn gold_trajectories(
     Ok(out)
 }
 
+/// A warm-start sample of `trajectory`: its model turns, and the observation tokens that already
+/// appeared earlier in the trajectory. A model made from scratch has never read text, and the
+/// search results (the query's words in a title, a title's name again in its passage, a name
+/// from one passage in another) are where it first learns to copy. An observation token seen for
+/// the first time (a birth year, a city, a name) can only be guessed, and training those guesses
+/// teaches a prior over each kind of value instead: the tokens of years and cities become alike
+/// and the model cannot copy them even from its own reasoning into its answer.
+fn copy_sample(trajectory: &Trajectory) -> Sample {
+    let mut sample = Sample::new(trajectory, 0, true);
+    let mut seen: HashSet<i64> = sample.token_ids[..sample.prompt_len].iter().copied().collect();
+    for (t, id) in sample.token_ids.iter().enumerate().skip(sample.prompt_len) {
+        if !seen.insert(*id) && sample.loss_mask[t] == 0.0 {
+            sample.loss_mask[t] = 1.0;
+        }
+    }
+    sample
+}
+
 /// Trains `model` on `trajectories` (cycled in a seeded order); returns the mean loss of the last
 /// tenth of the updates.
 pub fn train(
@@ -81,9 +100,7 @@ pub fn train(
     seed: u64,
     bar: &ProgressBar,
 ) -> f64 {
-    // Observation tokens are trained too: a model made from scratch has never read text, and the
-    // search results (a title, then the same name in the passage) are where it first learns to copy.
-    let samples: Vec<Sample> = trajectories.iter().map(|t| Sample::new(t, 0, false)).collect();
+    let samples: Vec<Sample> = trajectories.iter().map(copy_sample).collect();
     let optim = OptimConfig {
         lr: config.lr,
         warmup_ratio: 0.05,
@@ -113,4 +130,21 @@ pub fn train(
         bar.set_message(format!("loss {value:.3}"));
     }
     if tail > 0 { tail_loss / f64::from(tail) } else { f64::NAN }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observations_are_trained_only_where_they_repeat_an_earlier_token() {
+        let mut t = Trajectory::new("q", "q", &[1, 2, 3]);
+        t.push_model(&[4, 5], &[0.0, 0.0], 0).unwrap();
+        // 2 is in the prompt, 5 in the model turn, 6 repeats within the observation; 7 and the
+        // first 6 are new.
+        t.push_env(&[2, 6, 7, 6, 5]);
+        t.push_model(&[7, 8], &[0.0, 0.0], 0).unwrap();
+        let sample = copy_sample(&t);
+        assert_eq!(sample.loss_mask, [0., 0., 0., 1., 1., 1., 0., 0., 1., 1., 1., 1.]);
+    }
 }
