@@ -22,7 +22,7 @@ use crate::agent::search_r1::{execute, parse_action};
 pub enum Segment {
     /// A model turn (trained on).
     Model(String),
-    /// An environment observation (masked out of the loss).
+    /// An environment observation (trained only where it repeats an earlier token).
     Env(String),
 }
 

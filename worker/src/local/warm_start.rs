@@ -84,7 +84,7 @@ fn copy_sample(trajectory: &Trajectory) -> Sample {
     let mut sample = Sample::new(trajectory, 0, true);
     let mut seen: HashSet<i64> = sample.token_ids[..sample.prompt_len].iter().copied().collect();
     for (t, id) in sample.token_ids.iter().enumerate().skip(sample.prompt_len) {
-        if !seen.insert(*id) && sample.loss_mask[t] == 0.0 {
+        if !seen.insert(*id) {
             sample.loss_mask[t] = 1.0;
         }
     }
