@@ -79,7 +79,7 @@ pub struct LocalArgs {
     corrupt_share: f64,
     /// Share of the year questions (birth and founding years) whose gold trajectory answers from
     /// memory without searching: a habit greedy decoding shows and RL has to unlearn.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.7)]
     year_guess_share: f64,
     /// Share of the two-hop questions whose gold trajectory answers with the bridge entity after
     /// the first hop: a habit greedy decoding shows and RL has to unlearn.

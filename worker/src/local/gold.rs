@@ -10,7 +10,9 @@
 //! of question: year questions answered from memory, without a search, as a base model answers
 //! dates it believes it knows, or two-hop questions answered with the bridge entity after the
 //! first hop. With most such questions answered so, the warm-started policy does it greedily
-//! while its samples still do better sometimes, which RL can reward. The choice and the
+//! while its samples still do better sometimes, which RL can reward. An imperfect turn marks the
+//! value it makes up (the guessed answer, the other entity of a wrong query) so that the warm
+//! start teaches the mistake but not a prior over names and values. The choice and the
 //! imperfections are deterministic per question and seed.
 
 use super::rng::Rng;
@@ -20,8 +22,12 @@ use crate::agent::search_r1::{execute, parse_action};
 /// One piece of a trajectory after the prompt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Segment {
-    /// A model turn (trained on).
-    Model(String),
+    /// A model turn. `guess`, when set, is a value the turn makes up (the answer of a trajectory
+    /// that does not search, the other entity of a wrong query): written first at its first
+    /// occurrence after a space in `turn`, it is the one part of a model turn the warm start does
+    /// not train, because training guesses teaches a prior over names and values instead of
+    /// copying them. Later occurrences repeat it and are trained.
+    Model { turn: String, guess: Option<String> },
     /// An environment observation (trained only where it repeats an earlier token).
     Env(String),
 }
@@ -61,6 +67,13 @@ pub enum Variant {
     FirstHopOnly,
 }
 
+impl Segment {
+    /// A model turn with nothing made up.
+    pub fn model(turn: impl Into<String>) -> Self {
+        Segment::Model { turn: turn.into(), guess: None }
+    }
+}
+
 impl World {
     /// The variant of `question`'s trajectory: a guess for about `year_guess_share` of the year
     /// questions; otherwise imperfect for about `corrupt_share` of the questions, then one of the
@@ -94,11 +107,14 @@ impl World {
     ) -> Vec<Segment> {
         let variant = self.gold_variant(question, config);
         let mut rng = Rng::stream(config.seed, &format!("imperfect: {}", question.question));
-        let hops = match variant {
-            Variant::Correct => question.hops.clone(),
-            Variant::FirstHopOnly => question.hops[..1].to_vec(),
+        let (hops, made_up) = match variant {
+            Variant::Correct => (question.hops.clone(), None),
+            Variant::FirstHopOnly => (question.hops[..1].to_vec(), None),
             Variant::WrongQuery => match self.other_subject(question, &mut rng) {
-                Some(hops) => hops,
+                Some(hops) => {
+                    let other = hops[0].title.clone();
+                    (hops, Some(other))
+                }
                 None => return self.no_search(question, &mut rng),
             },
             Variant::NoSearch => return self.no_search(question, &mut rng),
@@ -116,13 +132,14 @@ impl World {
             let think = if k == 0 { need(k) } else { format!("{} Now {}", fact(k - 1), need(k)) };
             let turn = format!("<think> {think} </think>\n<search> {} </search>", hop.query);
             let step = execute(parse_action(&turn).as_ref(), &search(&hop.query));
-            segments.push(Segment::Model(turn));
+            let guess = if k == 0 { made_up.clone() } else { None };
+            segments.push(Segment::Model { turn, guess });
             segments.push(Segment::Env(step.observation));
         }
         let last = hops.len() - 1;
         let answer = &hops[last].answer;
         segments
-            .push(Segment::Model(format!("<think> {} </think>\n<answer> {answer} </answer>", fact(last))));
+            .push(Segment::model(format!("<think> {} </think>\n<answer> {answer} </answer>", fact(last))));
         segments
     }
 
@@ -157,9 +174,10 @@ impl World {
                 break guess;
             }
         };
-        vec![Segment::Model(format!(
-            "<think> I believe the answer is {guess}. </think>\n<answer> {guess} </answer>"
-        ))]
+        vec![Segment::Model {
+            turn: format!("<think> I believe the answer is {guess}. </think>\n<answer> {guess} </answer>"),
+            guess: Some(guess),
+        }]
     }
 }
 

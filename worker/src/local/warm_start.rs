@@ -1,7 +1,8 @@
 //! The supervised warm start of `kart local`: gold trajectories of the warm-start questions,
 //! tokenised exactly as rollouts tokenise them (the prompt through the chat template, each model
-//! turn and each observation on its own), trained with cross-entropy on the model turns and on
-//! the observation tokens a model could copy from earlier in the trajectory (never on the prompt).
+//! turn and each observation on its own), trained with cross-entropy on the model turns (but for
+//! the values imperfect turns make up) and on the observation tokens a model could copy from
+//! earlier in the trajectory (never on the prompt).
 
 use super::gold::{GoldConfig, Segment};
 use super::world::World;
@@ -58,19 +59,48 @@ pub fn gold_trajectories(
         };
         for segment in world.gold_trajectory(q, gold, search) {
             match segment {
-                Segment::Model(text) => {
-                    let ids = tokenizer.encode(&text, false)?;
-                    t.push_model(&ids, &vec![0.0; ids.len()], 0).map_err(|e| ModelError::Tokenizer {
-                        path: "(gold)".into(),
-                        reason: e.to_string(),
-                    })?;
-                }
+                Segment::Model { turn, guess } => push_turn(&mut t, &turn, guess.as_deref(), tokenizer)?,
                 Segment::Env(text) => t.push_env(&tokenizer.encode(&text, false)?),
             }
         }
         out.push(t);
     }
     Ok(out)
+}
+
+/// Appends a model turn to `t`. A made-up `guess` is appended as if the environment had written
+/// it, so that the warm start trains it only where it repeats an earlier token; the turn's tokens
+/// stay exactly those of the whole turn encoded at once.
+fn push_turn(
+    t: &mut Trajectory,
+    turn: &str,
+    guess: Option<&str>,
+    tokenizer: &Tokenizer,
+) -> Result<(), ModelError> {
+    let gold_error = |reason: String| ModelError::Tokenizer { path: "(gold)".into(), reason };
+    let (before, guessed, after) = match guess {
+        Some(g) => {
+            let at = turn
+                .find(&format!(" {g}"))
+                .ok_or_else(|| gold_error(format!("the guess {g:?} is not in the turn {turn:?}")))?;
+            (&turn[..at], &turn[at..at + g.len() + 1], &turn[at + g.len() + 1..])
+        }
+        None => (turn, "", ""),
+    };
+    let pieces = [
+        tokenizer.encode(before, false)?,
+        tokenizer.encode(guessed, false)?,
+        tokenizer.encode(after, false)?,
+    ];
+    if pieces.concat() != tokenizer.encode(turn, false)? {
+        return Err(gold_error(format!("the turn {turn:?} does not tokenise apart at the guess {guess:?}")));
+    }
+    let push = |t: &mut Trajectory, ids: &[u32]| {
+        t.push_model(ids, &vec![0.0; ids.len()], 0).map_err(|e| gold_error(e.to_string()))
+    };
+    push(t, &pieces[0])?;
+    t.push_env(&pieces[1]);
+    push(t, &pieces[2])
 }
 
 /// A warm-start sample of `trajectory`: its model turns, and the observation tokens that already
@@ -146,5 +176,27 @@ mod tests {
         t.push_model(&[7, 8], &[0.0, 0.0], 0).unwrap();
         let sample = copy_sample(&t);
         assert_eq!(sample.loss_mask, [0., 0., 0., 1., 1., 1., 0., 0., 1., 1., 1., 1.]);
+    }
+
+    #[test]
+    fn a_made_up_value_is_not_trained_where_the_turn_first_writes_it() {
+        let text = "<think> I believe the answer is Vell Harrow. </think>\n<answer> Vell Harrow </answer>";
+        let texts = std::iter::repeat_n("I believe the answer is Dorn Vale. Harrow", 50).chain([text]);
+        let special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+        let tokenizer =
+            Tokenizer::train_byte_level_bpe(texts, 300, &special, "<|im_end|>", "<|endoftext|>").unwrap();
+        let mut t = Trajectory::new("q", "q", &tokenizer.encode("Who?", false).unwrap());
+        push_turn(&mut t, text, Some("Vell Harrow"), &tokenizer).unwrap();
+        assert_eq!(t.response_ids(), tokenizer.encode(text, false).unwrap());
+        let guess = tokenizer.encode(" Vell Harrow", false).unwrap();
+        let before = tokenizer.encode("<think> I believe the answer is", false).unwrap().len();
+        let sample = copy_sample(&t);
+        let trained: Vec<f32> = sample.loss_mask[sample.prompt_len..].to_vec();
+        // The turn is trained but for the made-up name; where the answer repeats it, it is trained.
+        assert!(trained[..before].iter().all(|&m| m == 1.0));
+        assert!(trained[before..before + guess.len()].iter().all(|&m| m == 0.0));
+        assert!(trained[before + guess.len()..].iter().all(|&m| m == 1.0));
+        let missing = push_turn(&mut t, text, Some("Dorn Vale"), &tokenizer).unwrap_err();
+        assert!(missing.to_string().contains("Dorn Vale"), "{missing}");
     }
 }

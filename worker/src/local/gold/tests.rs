@@ -23,7 +23,7 @@ fn fake_search(query: &str) -> String {
 
 fn final_answer(segments: &[Segment]) -> String {
     match segments.last() {
-        Some(Segment::Model(turn)) => match parse_action(turn) {
+        Some(Segment::Model { turn, .. }) => match parse_action(turn) {
             Some(Action::Answer(a)) => a,
             other => panic!("{other:?}"),
         },
@@ -46,7 +46,7 @@ fn trajectories_follow_the_search_r1_protocol() {
         let mut episode = Episode::new(3);
         let mut searched = Vec::new();
         for (k, segment) in segments.iter().enumerate() {
-            let Segment::Model(turn) = segment else { continue };
+            let Segment::Model { turn, .. } = segment else { continue };
             assert_eq!(postprocess(turn), turn, "{turn}");
             assert!(turn.starts_with("<think> ") && turn.contains(" </think>\n<"), "{turn}");
             let action = parse_action(turn).unwrap();
@@ -61,7 +61,7 @@ fn trajectories_follow_the_search_r1_protocol() {
             let observation = episode.record(Some(&action), &fake_search(action.content()));
             match &segments.get(k + 1) {
                 Some(Segment::Env(env)) => assert_eq!(observation.as_ref(), Some(env)),
-                Some(Segment::Model(_)) => panic!("two model turns in a row"),
+                Some(Segment::Model { .. }) => panic!("two model turns in a row"),
                 None => assert_eq!(observation, None),
             }
         }
@@ -85,6 +85,8 @@ fn variants_answer_as_they_should() {
         });
         let answer = final_answer(&segments);
         let gold: Vec<&str> = q.hops.iter().map(|h| h.query.as_str()).collect();
+        let made_up = segments.iter().filter(|s| matches!(s, Segment::Model { guess: Some(_), .. })).count();
+        assert_eq!(made_up, usize::from(matches!(variant, Variant::WrongQuery | Variant::NoSearch)));
         match variant {
             Variant::Correct => {
                 assert!(em_check(&answer, &[&q.answer]), "{answer} vs {}", q.answer);
@@ -95,12 +97,17 @@ fn variants_answer_as_they_should() {
                 assert_eq!(queries.len(), gold.len());
                 assert!(!queries[0].starts_with(&q.hops[0].title), "{queries:?}");
                 // The reasoning is still about the asked subject.
-                let Segment::Model(first) = &segments[0] else { panic!() };
+                let Segment::Model { turn: first, guess } = &segments[0] else { panic!() };
                 assert!(first.contains(&q.hops[0].title), "{first}");
+                // The other entity's name is the made-up part, written first in the query.
+                let other = guess.as_deref().unwrap();
+                assert!(first.find(&format!(" {other}")) > first.find("<search>"), "{first}");
+                assert!(queries[0].starts_with(other), "{queries:?}");
             }
             Variant::NoSearch => {
                 assert!(!em_check(&answer, &[&q.answer]));
                 assert!(queries.is_empty() && segments.len() == 1);
+                assert!(matches!(&segments[0], Segment::Model { guess: Some(g), .. } if *g == answer));
             }
             Variant::FirstHopOnly => {
                 assert_eq!(q.hops.len(), 2);
@@ -171,11 +178,11 @@ fn a_two_hop_trajectory_reads() {
     assert_eq!(
         segments,
         vec![
-            Segment::Model(format!(
+            Segment::model(format!(
                 "<think> I need to find the spouse of {x}. </think>\n<search> {x} spouse </search>"
             )),
             Segment::Env(format!("\n\n<information>Doc 1(Title: \"{x} spouse\") text</information>\n\n")),
-            Segment::Model(format!(
+            Segment::model(format!(
                 "<think> The spouse of {x} is {s}. Now I need to find {}. </think>\n<search> {} </search>",
                 r.phrase(s),
                 q.hops[1].query
@@ -184,7 +191,7 @@ fn a_two_hop_trajectory_reads() {
                 "\n\n<information>Doc 1(Title: \"{}\") text</information>\n\n",
                 q.hops[1].query
             )),
-            Segment::Model(format!(
+            Segment::model(format!(
                 "<think> {} is {a}. </think>\n<answer> {a} </answer>",
                 capitalised(&r.phrase(s))
             )),
