@@ -107,7 +107,7 @@ impl World {
     ) -> Vec<Segment> {
         let variant = self.gold_variant(question, config);
         let mut rng = Rng::stream(config.seed, &format!("imperfect: {}", question.question));
-        let (hops, made_up) = match variant {
+        let (hops, mut made_up) = match variant {
             Variant::Correct => (question.hops.clone(), None),
             Variant::FirstHopOnly => (question.hops[..1].to_vec(), None),
             Variant::WrongQuery => match self.other_subject(question, &mut rng) {
@@ -132,8 +132,8 @@ impl World {
             let think = if k == 0 { need(k) } else { format!("{} Now {}", fact(k - 1), need(k)) };
             let turn = format!("<think> {think} </think>\n<search> {} </search>", hop.query);
             let step = execute(parse_action(&turn).as_ref(), &search(&hop.query));
-            let guess = if k == 0 { made_up.clone() } else { None };
-            segments.push(Segment::Model { turn, guess });
+            // A wrong query makes up its entity in the first turn; later turns copy what came back.
+            segments.push(Segment::Model { turn, guess: made_up.take() });
             segments.push(Segment::Env(step.observation));
         }
         let last = hops.len() - 1;

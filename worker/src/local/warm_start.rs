@@ -78,29 +78,23 @@ fn push_turn(
     tokenizer: &Tokenizer,
 ) -> Result<(), ModelError> {
     let gold_error = |reason: String| ModelError::Tokenizer { path: "(gold)".into(), reason };
-    let (before, guessed, after) = match guess {
-        Some(g) => {
-            let at = turn
-                .find(&format!(" {g}"))
-                .ok_or_else(|| gold_error(format!("the guess {g:?} is not in the turn {turn:?}")))?;
-            (&turn[..at], &turn[at..at + g.len() + 1], &turn[at + g.len() + 1..])
-        }
-        None => (turn, "", ""),
-    };
-    let pieces = [
-        tokenizer.encode(before, false)?,
-        tokenizer.encode(guessed, false)?,
-        tokenizer.encode(after, false)?,
-    ];
-    if pieces.concat() != tokenizer.encode(turn, false)? {
-        return Err(gold_error(format!("the turn {turn:?} does not tokenise apart at the guess {guess:?}")));
-    }
     let push = |t: &mut Trajectory, ids: &[u32]| {
         t.push_model(ids, &vec![0.0; ids.len()], 0).map_err(|e| gold_error(e.to_string()))
     };
-    push(t, &pieces[0])?;
-    t.push_env(&pieces[1]);
-    push(t, &pieces[2])
+    let Some(g) = guess else { return push(t, &tokenizer.encode(turn, false)?) };
+    let at = turn
+        .find(&format!(" {g}"))
+        .ok_or_else(|| gold_error(format!("the guess {g:?} is not in the turn {turn:?}")))?;
+    let end = at + g.len() + 1;
+    let before = tokenizer.encode(&turn[..at], false)?;
+    let guessed = tokenizer.encode(&turn[at..end], false)?;
+    let after = tokenizer.encode(&turn[end..], false)?;
+    if [&before[..], &guessed, &after].concat() != tokenizer.encode(turn, false)? {
+        return Err(gold_error(format!("the turn {turn:?} does not tokenise apart at the guess {g:?}")));
+    }
+    push(t, &before)?;
+    t.push_env(&guessed);
+    push(t, &after)
 }
 
 /// A warm-start sample of `trajectory`: its model turns, and the observation tokens that already
