@@ -30,12 +30,15 @@ fn small_run_writes_model_chart_metrics_and_summary() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    assert!(stdout.contains("after warm start") && stdout.contains("exact match"), "{stdout}");
+    assert!(stdout.contains("after warm start") && stdout.contains("exact match (greedy)"), "{stdout}");
+    assert!(stdout.contains("mean reward (sampled, T = 1)"), "{stdout}");
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["seed"], 5);
     for side in ["after_warm_start", "after_rl"] {
-        for key in ["exact_match", "mean_reward", "searches_per_trajectory", "valid_format"] {
+        for key in
+            ["exact_match", "mean_reward", "searches_per_trajectory", "valid_format", "sampled_mean_reward"]
+        {
             let v = summary[side][key].as_f64().unwrap_or_else(|| panic!("{side}.{key}: {summary}"));
             assert!(v >= 0.0 && v.is_finite(), "{side}.{key} = {v}");
         }

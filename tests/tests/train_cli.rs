@@ -2,7 +2,9 @@
 //! model) and a real retriever (`kart retriever serve`): a short run completes, pushes its weights
 //! to the worker, and a run killed with SIGKILL resumes from its checkpoint with the same data order.
 
-use kart_tests::{Child, binary, free_port, fresh_dir, shared_dir, steps_logged, wait_ready, write_capitals};
+use kart_tests::{
+    Child, binary, free_port, fresh_dir, shared_dir, step_records, steps_logged, wait_ready, write_capitals,
+};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -87,7 +89,7 @@ fn train_config(dir: &Path, services: &Services, out: &Path) -> PathBuf {
             "env": {"kind": "search-r1", "max_turns": 2, "max_response_length": 16, "max_obs_length": 48},
         },
         "checkpoint": {"every": 2, "keep": 3},
-        "eval": {"every": 2},
+        "eval": {"every": 2, "sampled_n": 3},
         "dump_rollouts": true,
         "host": "127.0.0.1",
         "port": 0,
@@ -137,6 +139,20 @@ fn short_run_completes_and_resumes_after_sigkill() {
         vec![0, 1, 2, 3, 4],
         "an evaluation at step 0, then one record per step"
     );
+    // Every evaluation decodes the two held-out prompts greedily once and samples each three times.
+    for record in step_records(&out_a) {
+        let evaluated = (record["step"].as_f64().unwrap() as u64).is_multiple_of(2);
+        assert_eq!(
+            record.get("eval/trajectories").and_then(Value::as_f64),
+            evaluated.then_some(2.0),
+            "{record}"
+        );
+        assert_eq!(record.get("eval_sampled/trajectories").and_then(Value::as_f64), evaluated.then_some(6.0));
+        if evaluated {
+            let reward = record["eval_sampled/reward"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&reward), "eval_sampled/reward = {reward}");
+        }
+    }
     assert!(out_a.join("model/config.json").is_file() && out_a.join("model/tokenizer.json").is_file());
     assert!(out_a.join("checkpoints/step-00000004/optimizer.safetensors").is_file());
     let plan = prompts_by_step(&out_a);

@@ -14,7 +14,7 @@ use kart::train::config::{
     AdvantageEstimator, BatchConfig, CheckpointConfig, DataConfig, EvalConfig, OptimConfig, RolloutSource,
     Sampling,
 };
-use kart::train::eval::Summary;
+use kart::train::eval::Evaluation;
 use kart::train::server::StatusHandle;
 use kart::train::trainer::{RunSummary, Trainer};
 use kart::train::weights::WeightStore;
@@ -106,6 +106,10 @@ pub struct LocalArgs {
     /// Held-out questions evaluated greedily before and after RL.
     #[arg(long, default_value_t = 200)]
     eval_questions: usize,
+    /// Trajectories per held-out question also sampled at the training temperature; their mean
+    /// reward is reported beside the greedy figures (0: greedy only).
+    #[arg(long, default_value_t = 1)]
+    eval_samples: usize,
 }
 
 /// The run's settings, resolved from the arguments.
@@ -126,24 +130,29 @@ struct Config {
     rl_lr: f64,
     temperature: f64,
     eval_questions: usize,
+    eval_samples: usize,
 }
 
-/// The figures of the closing table at one point of the run.
+/// The figures of the closing table at one point of the run: greedy, and the mean reward of
+/// samples at the training temperature.
 #[derive(Debug, Clone, Serialize)]
 pub struct Figures {
     pub exact_match: f64,
     pub mean_reward: f64,
     pub searches_per_trajectory: f64,
     pub valid_format: f64,
+    pub sampled_mean_reward: Option<f64>,
 }
 
-impl From<&Summary> for Figures {
-    fn from(s: &Summary) -> Self {
+impl From<&Evaluation> for Figures {
+    fn from(e: &Evaluation) -> Self {
+        let s = &e.greedy.all;
         Figures {
             exact_match: s.exact_match,
             mean_reward: s.reward,
             searches_per_trajectory: s.tool_calls,
             valid_format: s.valid_format,
+            sampled_mean_reward: e.sampled.as_ref().map(|r| r.all.reward),
         }
     }
 }
@@ -153,6 +162,8 @@ impl From<&Summary> for Figures {
 pub struct LocalSummary {
     pub seed: u64,
     pub seconds: f64,
+    /// Sampling temperature of the training rollouts and of `sampled_mean_reward`.
+    pub temperature: f64,
     pub warm_start_loss: f64,
     pub after_warm_start: Figures,
     pub after_rl: Figures,
@@ -176,14 +187,17 @@ pub fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
 fn print_table(s: &LocalSummary) {
     let (a, b) = (&s.after_warm_start, &s.after_rl);
     println!();
-    println!("held-out (greedy)            after warm start   after RL");
-    println!("exact match                  {:>16.3} {:>10.3}", a.exact_match, b.exact_match);
-    println!("mean reward                  {:>16.3} {:>10.3}", a.mean_reward, b.mean_reward);
+    println!("held-out                          after warm start   after RL");
+    println!("exact match (greedy)              {:>16.3} {:>10.3}", a.exact_match, b.exact_match);
+    println!("mean reward (greedy)              {:>16.3} {:>10.3}", a.mean_reward, b.mean_reward);
+    if let (Some(a), Some(b)) = (a.sampled_mean_reward, b.sampled_mean_reward) {
+        println!("{:<34}{a:>16.3} {b:>10.3}", format!("mean reward (sampled, T = {})", s.temperature));
+    }
     println!(
-        "searches per trajectory      {:>16.2} {:>10.2}",
+        "searches per trajectory (greedy)  {:>16.2} {:>10.2}",
         a.searches_per_trajectory, b.searches_per_trajectory
     );
-    println!("valid format                 {:>16.3} {:>10.3}", a.valid_format, b.valid_format);
+    println!("valid format (greedy)             {:>16.3} {:>10.3}", a.valid_format, b.valid_format);
     if let (Some(first), Some(last)) = (s.train_reward_first, s.train_reward_last) {
         println!("training reward (sampled, first -> last RL step): {first:.3} -> {last:.3}");
     }
@@ -242,6 +256,7 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
         rl_lr: args.lr,
         temperature: args.temperature,
         eval_questions: args.eval_questions,
+        eval_samples: args.eval_samples,
     };
     let config = &config;
     let started = Instant::now();
@@ -373,7 +388,11 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
             ..RolloutSource::default()
         },
         checkpoint: CheckpointConfig { every: 0, keep: 1 },
-        eval: EvalConfig { every: (config.rl_steps / 4).max(1), max_prompts: config.eval_questions },
+        eval: EvalConfig {
+            every: (config.rl_steps / 4).max(1),
+            max_prompts: config.eval_questions,
+            sampled_n: config.eval_samples,
+        },
         device: "cpu".into(),
         dump_rollouts: true,
         ..TrainConfig::default()
@@ -409,9 +428,10 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     let summary = LocalSummary {
         seed: config.seed,
         seconds: started.elapsed().as_secs_f64(),
+        temperature: config.temperature,
         warm_start_loss: warm_loss,
-        after_warm_start: Figures::from(&first.all),
-        after_rl: Figures::from(&last.all),
+        after_warm_start: Figures::from(&first),
+        after_rl: Figures::from(&last),
         train_reward_first: rewards.first().copied(),
         train_reward_last: rewards.last().copied(),
         model_dir: final_model,

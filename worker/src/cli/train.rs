@@ -89,8 +89,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(STOPPED));
         };
         let summary = result?;
-        let em =
-            |r: &Option<kart::train::eval::Report>| r.as_ref().map(|r| format!("{:.3}", r.all.exact_match));
+        let em = |r: &Option<kart::train::eval::Evaluation>| {
+            r.as_ref().map(|r| format!("{:.3}", r.greedy.all.exact_match))
+        };
         println!(
             "trained {} steps; held-out EM {} -> {}; model: {}",
             summary.steps,

@@ -393,7 +393,7 @@ impl Default for CheckpointConfig {
     }
 }
 
-/// Evaluation on the held-out split (greedy decoding).
+/// Evaluation on the held-out split: greedy decoding, and optionally sampling as in training.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
@@ -402,11 +402,14 @@ pub struct EvalConfig {
     pub every: u64,
     /// Held-out prompts used (0: all).
     pub max_prompts: usize,
+    /// Trajectories per held-out prompt also sampled with the training rollouts' sampling
+    /// parameters (0: greedy only); their mean reward is `eval_sampled/reward`.
+    pub sampled_n: usize,
 }
 
 impl Default for EvalConfig {
     fn default() -> Self {
-        EvalConfig { every: 50, max_prompts: 0 }
+        EvalConfig { every: 50, max_prompts: 0, sampled_n: 0 }
     }
 }
 

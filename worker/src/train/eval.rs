@@ -1,5 +1,6 @@
-//! Evaluation figures: exact match, token F1, reward, searches and valid format of greedy
-//! trajectories, per data source and over the whole held-out split.
+//! Evaluation figures: exact match, token F1, reward, searches and valid format of held-out
+//! trajectories, per data source and over the whole held-out split: greedy, and optionally sampled
+//! at the training temperature (the reward the policy earns as it is trained, on unseen prompts).
 //!
 //! The answer is the last `<answer>…</answer>` of the model's response (for math, the final
 //! answer the math reward extracts: `<answer>`, `\boxed{}`, …). Exact match is Search-R1's
@@ -90,6 +91,20 @@ impl Report {
                 .collect(),
         }
     }
+
+    /// `("all", whole split)`, then each data source with its summary.
+    pub fn sources(&self) -> impl Iterator<Item = (&str, &Summary)> {
+        std::iter::once(("all", &self.all)).chain(self.by_source.iter().map(|(k, v)| (k.as_str(), v)))
+    }
+}
+
+/// One held-out evaluation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Evaluation {
+    /// Greedy decoding, one trajectory per prompt.
+    pub greedy: Report,
+    /// Sampling as in training (`eval.sampled_n` trajectories per prompt), when configured.
+    pub sampled: Option<Report>,
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ pub struct TrainerMetrics {
     pub eval_exact_match: GaugeVec,
     pub eval_f1: GaugeVec,
     pub eval_reward: GaugeVec,
+    pub eval_sampled_reward: GaugeVec,
     pub loss: GaugeVec,
     pub kl: Gauge,
     pub entropy: Gauge,
@@ -61,7 +62,13 @@ impl TrainerMetrics {
             eval_reward: metrics::gauge_vec(
                 r,
                 "kart_trainer_eval_reward",
-                "Mean reward of the last evaluation, by data source",
+                "Mean reward of the last evaluation (greedy), by data source",
+                &["data_source"],
+            ),
+            eval_sampled_reward: metrics::gauge_vec(
+                r,
+                "kart_trainer_eval_sampled_reward",
+                "Mean reward of the last evaluation's trajectories sampled as in training, by data source",
                 &["data_source"],
             ),
             loss: metrics::gauge_vec(

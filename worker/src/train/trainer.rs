@@ -7,7 +7,7 @@ use super::config::{AdvantageEstimator, TrainConfig, WeightSync};
 use super::critic::Critic;
 use super::data::{Dataset, Prompt, Sampler};
 use super::dump::RolloutDump;
-use super::eval::{self, Report, Scored};
+use super::eval::{self, Evaluation, Report, Scored};
 use super::metrics::{MetricsLog, StepRecord, TrainerMetrics};
 use super::optim::AdamW;
 use super::pool::{InProcessPool, RemotePool, RolloutPool, RolloutRequest};
@@ -58,9 +58,9 @@ pub struct RunSummary {
     /// Steps completed.
     pub steps: u64,
     /// The evaluation before the first step (absent on a resumed run or without a test split).
-    pub first_eval: Option<Report>,
+    pub first_eval: Option<Evaluation>,
     /// The last evaluation.
-    pub last_eval: Option<Report>,
+    pub last_eval: Option<Evaluation>,
     /// The final model's Hugging Face folder.
     pub model_dir: PathBuf,
     /// The newest checkpoint.
@@ -423,7 +423,7 @@ impl Trainer {
                 record.get("reward/mean").unwrap_or(f64::NAN),
                 last_eval
                     .as_ref()
-                    .map(|r| format!(" · eval EM {:.3}", r.all.exact_match))
+                    .map(|r| format!(" · eval EM {:.3}", r.greedy.all.exact_match))
                     .unwrap_or_default()
             ));
         }
@@ -502,21 +502,40 @@ impl Trainer {
         Ok(())
     }
 
-    /// Greedy rollouts of the held-out prompts, scored; `None` without a test split.
-    async fn evaluate(&self) -> Result<Option<Report>, TrainError> {
+    /// The held-out evaluation: greedy, and sampled as in training when `eval.sampled_n` is set;
+    /// `None` without a test split.
+    async fn evaluate(&self) -> Result<Option<Evaluation>, TrainError> {
         if self.test.is_empty() {
             return Ok(None);
         }
         self.status.update(|s| s.phase = Phase::Evaluating);
+        let greedy = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: -1, seed: Some(self.config.seed) };
+        let greedy = self.score_test(1, greedy).await?;
+        let sampled = match self.config.eval.sampled_n {
+            0 => None,
+            n => Some(self.score_test(n, sampling(&self.config, self.config.seed)).await?),
+        };
+        for (source, summary) in greedy.sources() {
+            self.metrics.eval_exact_match.with_label_values(&[source]).set(summary.exact_match);
+            self.metrics.eval_f1.with_label_values(&[source]).set(summary.f1);
+            self.metrics.eval_reward.with_label_values(&[source]).set(summary.reward);
+        }
+        for (source, summary) in sampled.iter().flat_map(Report::sources) {
+            self.metrics.eval_sampled_reward.with_label_values(&[source]).set(summary.reward);
+        }
+        self.status.update(|s| {
+            s.eval_em = Some(greedy.all.exact_match);
+            s.phase = Phase::Training;
+        });
+        Ok(Some(Evaluation { greedy, sampled }))
+    }
+
+    /// Rollouts of the held-out prompts, `n` per prompt, scored against their golden answers.
+    async fn score_test(&self, n: usize, sampling: SamplingParams) -> Result<Report, TrainError> {
         let request = RolloutRequest {
             tasks: self.test.clone(),
-            n: 1,
-            sampling: SamplingParams {
-                temperature: 0.0,
-                top_p: 1.0,
-                top_k: -1,
-                seed: Some(self.config.seed),
-            },
+            n,
+            sampling,
             policy_version: self.version,
             env: self.collector.env.clone(),
         };
@@ -540,19 +559,7 @@ impl Trainer {
                 });
             }
         }
-        let report = Report::new(&scored);
-        for (source, summary) in
-            std::iter::once(("all", &report.all)).chain(report.by_source.iter().map(|(k, v)| (k.as_str(), v)))
-        {
-            self.metrics.eval_exact_match.with_label_values(&[source]).set(summary.exact_match);
-            self.metrics.eval_f1.with_label_values(&[source]).set(summary.f1);
-            self.metrics.eval_reward.with_label_values(&[source]).set(summary.reward);
-        }
-        self.status.update(|s| {
-            s.eval_em = Some(report.all.exact_match);
-            s.phase = Phase::Training;
-        });
-        Ok(Some(report))
+        Ok(Report::new(&scored))
     }
 
     /// Writes the policy as a Hugging Face folder (tokenizer files from the base model).
@@ -682,16 +689,21 @@ fn batch_record(trajectories: &[&Trajectory], version: i64, metrics: &TrainerMet
 }
 
 /// Adds an evaluation's figures to a record.
-fn write_eval(r: &mut StepRecord, report: &Report) {
-    r.set("eval/exact_match", report.all.exact_match);
-    r.set("eval/f1", report.all.f1);
-    r.set("eval/reward", report.all.reward);
-    r.set("eval/tool_calls", report.all.tool_calls);
-    r.set("eval/valid_format", report.all.valid_format);
-    for (source, s) in &report.by_source {
-        r.set(format!("eval/{source}/exact_match"), s.exact_match);
-        r.set(format!("eval/{source}/f1"), s.f1);
-        r.set(format!("eval/{source}/reward"), s.reward);
+fn write_eval(r: &mut StepRecord, evaluation: &Evaluation) {
+    let reports = std::iter::once(("eval", &evaluation.greedy))
+        .chain(evaluation.sampled.as_ref().map(|s| ("eval_sampled", s)));
+    for (prefix, report) in reports {
+        r.set(format!("{prefix}/trajectories"), report.all.count as f64);
+        r.set(format!("{prefix}/exact_match"), report.all.exact_match);
+        r.set(format!("{prefix}/f1"), report.all.f1);
+        r.set(format!("{prefix}/reward"), report.all.reward);
+        r.set(format!("{prefix}/tool_calls"), report.all.tool_calls);
+        r.set(format!("{prefix}/valid_format"), report.all.valid_format);
+        for (source, s) in &report.by_source {
+            r.set(format!("{prefix}/{source}/exact_match"), s.exact_match);
+            r.set(format!("{prefix}/{source}/f1"), s.f1);
+            r.set(format!("{prefix}/{source}/reward"), s.reward);
+        }
     }
 }
 
