@@ -255,6 +255,29 @@ mod tests {
     }
 
     #[test]
+    fn equal_scores_rank_in_corpus_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path().join("corpus.jsonl");
+        // Every third passage is the same text: its documents tie on any query of its words.
+        let rows: Vec<String> = (0..3000)
+            .map(|i| {
+                let contents = match i % 3 {
+                    0 => "\"Twin\"\nA twin passage about lanterns.".to_string(),
+                    _ => format!("\"Other {i}\"\nPassage number {i} about harbours."),
+                };
+                serde_json::json!({"id": format!("d{i}"), "contents": contents}).to_string()
+            })
+            .collect();
+        std::fs::write(&corpus, rows.join("\n")).unwrap();
+        let out = dir.path().join("index");
+        build(&corpus, &out, 200_000_000, |_, _, _| ()).unwrap();
+        let hits = Bm25Index::open(&out).unwrap().search("twin lanterns", 1000).unwrap();
+        let twins: Vec<String> = (0..3000).step_by(3).map(|i| format!("d{i}")).collect();
+        assert_eq!(ids(&hits), twins);
+        assert!(hits.windows(2).all(|w| w[0].score == w[1].score));
+    }
+
+    #[test]
     fn weird_queries_never_error() {
         let (_dir, index) = index();
         for query in [

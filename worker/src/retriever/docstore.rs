@@ -9,6 +9,10 @@
 //! The manifest is written last, once every document is committed and merged, so a folder without
 //! one is an index whose build did not finish, and [`DocStore::open`] refuses it.
 //!
+//! The index is sorted by ordinal: however the indexing threads shared the documents out, the
+//! merged segment holds them in corpus order, so equal scores rank in corpus order and the same
+//! corpus gives the same index and the same results on every build.
+//!
 //! ```text
 //! DIR/kart-index.json    {"format": 1, "method": "bm25", "documents": 21015324, ...}
 //! DIR/meta.json, *.idx…  the tantivy index: id (STRING), contents (TEXT or stored), ordinal (u64)
@@ -30,8 +34,8 @@ use tantivy::tokenizer::{
     TokenizerManager,
 };
 use tantivy::{
-    DocAddress, DocSet, Index, IndexSettings, IndexWriter, ReloadPolicy, Searcher, TERMINATED,
-    TantivyDocument, Term,
+    DocAddress, DocSet, Index, IndexSettings, IndexSortByField, IndexWriter, Order, ReloadPolicy, Searcher,
+    TERMINATED, TantivyDocument, Term,
 };
 
 /// The manifest's file name inside an index folder.
@@ -156,7 +160,11 @@ fn schema(index_text: bool) -> Schema {
 }
 
 fn settings() -> IndexSettings {
-    IndexSettings { docstore_blocksize: DOCSTORE_BLOCK_BYTES, ..IndexSettings::default() }
+    IndexSettings {
+        docstore_blocksize: DOCSTORE_BLOCK_BYTES,
+        sort_by_field: Some(IndexSortByField { field: "ordinal".into(), order: Order::Asc }),
+        ..IndexSettings::default()
+    }
 }
 
 fn tokenizers() -> TokenizerManager {
@@ -403,6 +411,23 @@ mod tests {
         assert_eq!(many.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["doc-499", "doc-0", "doc-250"]);
         let err = store.get(500).unwrap_err().to_string();
         assert!(err.contains("no document with ordinal 500 (the index holds 500)"), "{err}");
+    }
+
+    #[test]
+    fn documents_are_stored_in_corpus_order_whatever_the_indexing_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        // Enough budget for several indexing threads, which take documents as they come.
+        let mut writer = DocStoreWriter::create(dir.path(), true, 4 * MIN_THREAD_BUDGET).unwrap();
+        for passage in &passages(3000) {
+            writer.add(passage).unwrap();
+        }
+        writer.finish(manifest(Method::Bm25)).unwrap();
+        let store = DocStore::open(dir.path()).unwrap();
+        assert_eq!(store.searcher().segment_readers().len(), 1);
+        for doc in 0..3000 {
+            let id = store.document_at(DocAddress::new(0, doc)).unwrap().id;
+            assert_eq!(id, format!("doc-{doc}"));
+        }
     }
 
     #[test]
