@@ -335,7 +335,8 @@ fn start_kart(dir: &Path) -> Kart {
         "data": {"train": dir.join("questions.jsonl"), "test": dir.join("questions.jsonl")},
         "batch": {"prompts": 1, "n": 2, "mini_batch_prompts": 1, "micro_batch_size": 2},
         "rollout": {"retriever_url": retriever_url, "env": {"kind": "search-r1", "max_response_length": 8}},
-        "checkpoint": {"every": 0}, "eval": {"every": 0}, "host": "127.0.0.1", "port": trainer_port,
+        "checkpoint": {"every": 0}, "eval": {"every": 0, "sampled_n": 1}, "host": "127.0.0.1",
+        "port": trainer_port,
     });
     std::fs::write(dir.join("train.json"), train_config.to_string()).unwrap();
     let mut trainer = spawn(Command::new(&kart).args(["train", "--config"]).arg(dir.join("train.json")));
