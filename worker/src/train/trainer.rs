@@ -511,6 +511,7 @@ impl Trainer {
         self.status.update(|s| s.phase = Phase::Evaluating);
         let greedy = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: -1, seed: Some(self.config.seed) };
         let greedy = self.score_test(1, greedy).await?;
+        // The run's seed at every evaluation: evaluations differ by the policy, not by the draw.
         let sampled = match self.config.eval.sampled_n {
             0 => None,
             n => Some(self.score_test(n, sampling(&self.config, self.config.seed)).await?),
