@@ -55,6 +55,9 @@ const MAX_TOKEN_BYTES: usize = 40;
 /// than in ranking; 4 KiB (about 6 Search-R1 passages) costs a few percent of compression.
 const DOCSTORE_BLOCK_BYTES: usize = 4096;
 
+/// The field holding a document's position in the corpus; the index is sorted by it.
+const ORDINAL: &str = "ordinal";
+
 /// tantivy's bounds on one indexing thread's memory arena.
 const MIN_THREAD_BUDGET: usize = 15_000_000;
 const MAX_THREAD_BUDGET: usize = u32::MAX as usize - 1_000_000;
@@ -125,7 +128,7 @@ impl Fields {
         Ok(Fields {
             id: schema.get_field("id")?,
             contents: schema.get_field("contents")?,
-            ordinal: schema.get_field("ordinal")?,
+            ordinal: schema.get_field(ORDINAL)?,
         })
     }
 }
@@ -155,14 +158,14 @@ fn schema(index_text: bool) -> Schema {
         STORED.into()
     };
     builder.add_text_field("contents", contents);
-    builder.add_u64_field("ordinal", INDEXED | FAST | STORED);
+    builder.add_u64_field(ORDINAL, INDEXED | FAST | STORED);
     builder.build()
 }
 
 fn settings() -> IndexSettings {
     IndexSettings {
         docstore_blocksize: DOCSTORE_BLOCK_BYTES,
-        sort_by_field: Some(IndexSortByField { field: "ordinal".into(), order: Order::Asc }),
+        sort_by_field: Some(IndexSortByField { field: ORDINAL.into(), order: Order::Asc }),
         ..IndexSettings::default()
     }
 }

@@ -509,9 +509,11 @@ impl Trainer {
             return Ok(None);
         }
         self.status.update(|s| s.phase = Phase::Evaluating);
-        let greedy = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: -1, seed: Some(self.config.seed) };
-        let greedy = self.score_test(1, greedy).await?;
+        let argmax = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: -1, seed: Some(self.config.seed) };
+        let greedy = self.score_test(1, argmax).await?;
         // The run's seed at every evaluation: evaluations differ by the policy, not by the draw.
+        // The passes run one after the other: run concurrently, timing would decide how the
+        // engine batches them together, and batch shapes can change the logits' last bits.
         let sampled = match self.config.eval.sampled_n {
             0 => None,
             n => Some(self.score_test(n, sampling(&self.config, self.config.seed)).await?),
