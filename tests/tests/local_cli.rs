@@ -9,9 +9,18 @@ use std::process::Command;
 fn help_exposes_world_model_steps_algorithm_seed_and_output() {
     let out = Command::new(binary("kart")).args(["local", "--help"]).output().unwrap();
     let help = String::from_utf8(out.stdout).unwrap();
-    for flag in
-        ["--persons", "--rl-questions", "--hidden", "--layers", "--steps", "--algorithm", "--seed", "--out"]
-    {
+    for flag in [
+        "--persons",
+        "--rl-questions",
+        "--hidden",
+        "--layers",
+        "--copy-drills",
+        "--warm-steps",
+        "--steps",
+        "--algorithm",
+        "--seed",
+        "--out",
+    ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
 }
@@ -23,7 +32,8 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     let output = Command::new(binary("kart"))
         .args(["local", "--persons", "400", "--rl-questions", "20", "--hidden", "32", "--layers", "1"])
         .args(["--vocab", "600"])
-        .args(["--warm-steps", "6", "--warm-batch", "4", "--steps", "2", "--prompts", "2", "--n", "2"])
+        .args(["--copy-drills", "3", "--warm-steps", "6", "--warm-batch", "4"])
+        .args(["--steps", "2", "--prompts", "2", "--n", "2"])
         .args(["--eval-questions", "8", "--seed", "5", "--out"])
         .arg(&dir)
         .output()
@@ -32,6 +42,8 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("after warm start") && stdout.contains("exact match (greedy)"), "{stdout}");
     assert!(stdout.contains("mean reward (sampled, T = 1)"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("9 updates (3 on copy drills)"), "{stderr}");
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["seed"], 5);

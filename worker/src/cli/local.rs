@@ -4,6 +4,7 @@
 
 use anyhow::Context;
 use clap::Args;
+use kart::local::copy_drill::copy_drills;
 use kart::local::gold::GoldConfig;
 use kart::local::warm_start::{self, WarmStart};
 use kart::local::world::{World, WorldConfig};
@@ -65,9 +66,14 @@ pub struct LocalArgs {
     /// Largest vocabulary of the tokenizer (BPE stops merging once every word is one token).
     #[arg(long, default_value_t = 8192)]
     vocab: usize,
-    /// Warm-start updates.
-    #[arg(long, default_value_t = 2400)]
+    /// Warm-start updates on the gold trajectories.
+    #[arg(long, default_value_t = 2000)]
     warm_steps: u64,
+    /// Updates on copy drills (words of the corpus, then the same words again) before the gold
+    /// trajectories: the model made from scratch learns to copy what it has read before it
+    /// learns the agent's format (0: none).
+    #[arg(long, default_value_t = 1500)]
+    copy_drills: u64,
     /// Gold trajectories per warm-start update.
     #[arg(long, default_value_t = 8)]
     warm_batch: usize,
@@ -79,14 +85,14 @@ pub struct LocalArgs {
     corrupt_share: f64,
     /// Share of the year questions (birth and founding years) whose gold trajectory answers from
     /// memory without searching: a habit greedy decoding shows and RL has to unlearn.
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, default_value_t = 0.5)]
     year_guess_share: f64,
     /// Share of the two-hop questions whose gold trajectory answers with the bridge entity after
     /// the first hop: a habit greedy decoding shows and RL has to unlearn.
     #[arg(long, default_value_t = 0.0)]
     first_hop_share: f64,
     /// RL steps.
-    #[arg(long, default_value_t = 80)]
+    #[arg(long, default_value_t = 40)]
     steps: u64,
     /// Questions per RL step.
     #[arg(long, default_value_t = 8)]
@@ -240,6 +246,7 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
         vocab: args.vocab,
         warm_start: WarmStart {
             steps: args.warm_steps,
+            drill_steps: args.copy_drills,
             batch: args.warm_batch,
             lr: args.warm_lr,
             gold: GoldConfig {
@@ -342,13 +349,16 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
         tokenizer.vocab_size(),
         trajectories.len()
     );
-    let progress = kart::train::progress::bar("warm start", config.warm_start.steps, 0);
+    let ws = &config.warm_start;
+    let drills = copy_drills(&world, &tokenizer, ws.drill_steps as usize * ws.batch, config.seed)?;
+    let progress = kart::train::progress::bar("warm start", ws.drill_steps + ws.steps, 0);
     let warm_started = Instant::now();
-    let warm_loss = warm_start::train(&model, &trajectories, &config.warm_start, config.seed, &progress);
+    let warm_loss = warm_start::train(&model, &drills, &trajectories, ws, config.seed, &progress);
     progress.finish_and_clear();
     eprintln!(
-        "warm start: {} updates in {:.0} s, loss {warm_loss:.3} per trained token at the end",
-        config.warm_start.steps,
+        "warm start: {} updates ({} on copy drills) in {:.0} s, loss {warm_loss:.3} per trained token at the end",
+        ws.drill_steps + ws.steps,
+        ws.drill_steps,
         warm_started.elapsed().as_secs_f64()
     );
     let warm = out.join("warm-start-model");

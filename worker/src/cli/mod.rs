@@ -1,5 +1,6 @@
 //! The `kart` command line: one subcommand per module below.
 
+mod allocator;
 mod bench;
 mod conformance;
 mod local;
@@ -37,6 +38,7 @@ enum Command {
 
 /// Parses the command line and runs the chosen subcommand.
 pub fn run() -> ExitCode {
+    allocator::keep_freed_memory();
     let cli = Cli::parse();
     logging::init();
     let result = match cli.command {

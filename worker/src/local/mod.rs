@@ -5,9 +5,12 @@
 //!   `corpus` and `questions` from names made in `names`;
 //! - [`gold`]: gold trajectories in the Search-R1 format (some deliberately imperfect) for the
 //!   supervised warm start;
+//! - [`copy_drill`]: copy drills, the model's first lesson (copying what it has read);
 //! - [`warm_start`]: the gold trajectories tokenised as rollouts tokenise them, and the
-//!   supervised training on them.
+//!   supervised training on the drills, then on them.
 
+#[cfg(all(feature = "torch", feature = "server"))]
+pub mod copy_drill;
 #[cfg(feature = "data")]
 mod corpus;
 #[cfg(feature = "data")]

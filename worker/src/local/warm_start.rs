@@ -1,8 +1,8 @@
-//! The supervised warm start of `kart local`: gold trajectories of the warm-start questions,
-//! tokenised exactly as rollouts tokenise them (the prompt through the chat template, each model
-//! turn and each observation on its own), trained with cross-entropy on the model turns (but for
-//! the values imperfect turns make up) and on the observation tokens a model could copy from
-//! earlier in the trajectory (never on the prompt).
+//! The supervised warm start of `kart local`: copy drills ([`super::copy_drill`]) first, then the
+//! gold trajectories of the warm-start questions, tokenised exactly as rollouts tokenise them (the
+//! prompt through the chat template, each model turn and each observation on its own), trained
+//! with cross-entropy on the model turns (but for the values imperfect turns make up) and on the
+//! observation tokens a model could copy from earlier in the trajectory (never on the prompt).
 
 use super::gold::{GoldConfig, Segment};
 use super::world::World;
@@ -20,8 +20,11 @@ use tch::Kind;
 /// Settings of the warm start.
 #[derive(Debug, Clone)]
 pub struct WarmStart {
-    /// Optimiser updates.
+    /// Optimiser updates on the gold trajectories.
     pub steps: u64,
+    /// Optimiser updates on copy drills before them ([`super::copy_drill`]), one schedule over
+    /// both.
+    pub drill_steps: u64,
     /// Trajectories per update.
     pub batch: usize,
     /// Peak learning rate (cosine schedule after 5% warm-up).
@@ -115,15 +118,18 @@ fn copy_sample(trajectory: &Trajectory) -> Sample {
     sample
 }
 
-/// Trains `model` on `trajectories` (cycled in a seeded order); returns the mean loss of the last
-/// tenth of the updates.
+/// Trains `model` on `drills` (each once, `config.drill_steps` updates) then on `trajectories`
+/// (cycled in a seeded order, `config.steps` updates); returns the mean loss of the last tenth of
+/// the updates.
 pub fn train(
     model: &CausalLm,
+    drills: &[Trajectory],
     trajectories: &[Trajectory],
     config: &WarmStart,
     seed: u64,
     bar: &ProgressBar,
 ) -> f64 {
+    let drills: Vec<Sample> = drills.iter().map(copy_sample).collect();
     let samples: Vec<Sample> = trajectories.iter().map(copy_sample).collect();
     let optim = OptimConfig {
         lr: config.lr,
@@ -135,18 +141,23 @@ pub fn train(
     };
     let mut optimizer = AdamW::new(model.named_tensors(), optim.clone());
     let order = crate::train::data::permutation(seed, 0, samples.len());
+    let drill_steps = if drills.is_empty() { 0 } else { config.drill_steps };
+    let total = drill_steps + if samples.is_empty() { 0 } else { config.steps };
     let (mut tail_loss, mut tail) = (0.0, 0);
-    for step in 0..config.steps {
-        let start = (step as usize * config.batch) % samples.len().max(1);
-        let rows: Vec<usize> = (0..config.batch).map(|i| order[(start + i) % samples.len()]).collect();
-        let mb = MicroBatch::new(&samples, &rows, model.device());
+    for step in 0..total {
+        let (pool, rows) = update_rows(step, drill_steps, config.batch, drills.len(), &order);
+        let pool = match pool {
+            Pool::Drills => &drills,
+            Pool::Gold => &samples,
+        };
+        let mb = MicroBatch::new(pool, &rows, model.device());
         optimizer.zero_grad();
         let (logprobs, _) = crate::train::update::logprobs(model, &mb, 1.0, false);
         let loss = -(logprobs * &mb.mask).sum(Kind::Float) / mb.mask.sum(Kind::Float).clamp_min(1.0);
         loss.backward();
-        optimizer.step(learning_rate(&optim, step, config.steps));
+        optimizer.step(learning_rate(&optim, step, total));
         let value = loss.double_value(&[]);
-        if step * 10 >= config.steps * 9 {
+        if step * 10 >= total * 9 {
             tail_loss += value;
             tail += 1;
         }
@@ -156,9 +167,47 @@ pub fn train(
     if tail > 0 { tail_loss / f64::from(tail) } else { f64::NAN }
 }
 
+/// The samples a warm-start update draws from.
+#[derive(Debug, PartialEq)]
+enum Pool {
+    Drills,
+    Gold,
+}
+
+/// The pool and rows of warm-start update `step`: the first `drill_steps` updates take the
+/// `drills` in order (each once when there are `drill_steps * batch` of them), the rest cycle
+/// through the gold trajectories in the seeded `order`.
+fn update_rows(
+    step: u64,
+    drill_steps: u64,
+    batch: usize,
+    drills: usize,
+    order: &[usize],
+) -> (Pool, Vec<usize>) {
+    if step < drill_steps {
+        let start = step as usize * batch;
+        (Pool::Drills, (0..batch).map(|i| (start + i) % drills).collect())
+    } else {
+        let start = (step - drill_steps) as usize * batch;
+        (Pool::Gold, (0..batch).map(|i| order[(start + i) % order.len()]).collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drills_come_first_each_once_then_the_gold_trajectories_cycle_in_their_order() {
+        let order = [4, 0, 3, 1, 2];
+        let rows = |step| update_rows(step, 3, 2, 6, &order);
+        assert_eq!(rows(0), (Pool::Drills, vec![0, 1]));
+        assert_eq!(rows(2), (Pool::Drills, vec![4, 5]));
+        assert_eq!(rows(3), (Pool::Gold, vec![4, 0]));
+        assert_eq!(rows(5), (Pool::Gold, vec![2, 4]));
+        assert_eq!(rows(6), (Pool::Gold, vec![0, 3]));
+        assert_eq!(update_rows(0, 0, 2, 0, &order), (Pool::Gold, vec![4, 0]));
+    }
 
     #[test]
     fn observations_are_trained_only_where_they_repeat_an_earlier_token() {
