@@ -4,8 +4,8 @@
 //! and 3 s of system time per 200 warm-start updates of `kart local`. Keeping freed memory in the
 //! process (what PyTorch's CPU guide gets from jemalloc or tcmalloc) cuts the faults tenfold.
 
-/// Serves blocks up to 32 MiB from the heap and returns freed memory to the kernel only once more
-/// than 1 GiB sits unused at the heap's top.
+/// Serves blocks up to 32 MiB from the heap, grows the heap 64 MiB at a time, and returns freed
+/// memory to the kernel only once more than 1 GiB sits unused at the heap's top.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters, before any other thread is started.
