@@ -55,9 +55,25 @@ impl Drop for Child {
     }
 }
 
-/// A TCP port that was free a moment ago on 127.0.0.1.
+/// A TCP port that was free a moment ago on 127.0.0.1 and that this process has not handed out
+/// before.
+///
+/// The port is released before a child binds it, so the kernel may offer it again to the next
+/// caller; two servers of one test would then race for it and the loser's URL would reach the
+/// winner. Remembering every port handed out closes that race within the test process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind a free port").port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind a free port")
+            .port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// Polls `url` until it answers 200, the child exits, or `deadline` passes.
@@ -137,4 +153,17 @@ pub fn steps_logged(output_dir: &Path) -> Vec<u64> {
 /// `kart_x_total{kind="a"}`) in a Prometheus text exposition.
 pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::free_port;
+
+    #[test]
+    fn free_port_never_hands_out_a_port_twice() {
+        let mut ports: Vec<u16> = (0..500).map(|_| free_port()).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 500);
+    }
 }
