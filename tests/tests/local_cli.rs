@@ -56,6 +56,23 @@ fn small_run_writes_model_chart_metrics_and_summary() {
         }
     }
     assert!(summary["seconds"].as_f64().unwrap() > 0.0);
+    // The settings, defaults included, so that the run can be repeated from its summary.
+    assert_eq!(summary["settings"]["copy_drills"], 3);
+    assert_eq!(summary["settings"]["warm_steps"], 6);
+    assert_eq!(summary["settings"]["year_guess_share"], 0.5);
+    // One loss per warm-start update, drills first; the summary's loss is the mean of the last.
+    let losses: Vec<Value> = std::fs::read_to_string(dir.join("warm-start.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let pools: Vec<&str> = losses.iter().map(|l| l["pool"].as_str().unwrap()).collect();
+    assert_eq!(pools, [["copy-drill"; 3].as_slice(), &["gold"; 6]].concat());
+    assert_eq!(
+        losses.iter().map(|l| l["update"].as_u64().unwrap()).collect::<Vec<_>>(),
+        (1..=9).collect::<Vec<_>>()
+    );
+    assert_eq!(summary["warm_start_loss"], losses[8]["loss"]);
     assert!(dir.join("model/config.json").is_file() && dir.join("model/tokenizer.json").is_file());
     let png = std::fs::read(dir.join("chart.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");

@@ -31,9 +31,9 @@ use tch::Device;
 /// BPE tokenizer and a Qwen2-shaped model made from scratch, a supervised warm start on gold
 /// Search-R1 trajectories (some deliberately imperfect), then RL with the in-process BM25
 /// retriever; prints held-out figures before and after RL.
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, Args, Serialize)]
 pub struct LocalArgs {
-    /// Output folder (world, models, metrics, chart, summary.json).
+    /// Output folder (world, models, warm-start losses, metrics, chart, summary.json).
     #[arg(long, default_value = "kart-local")]
     out: PathBuf,
     /// Seed of the world, the model and every sampling decision.
@@ -81,15 +81,15 @@ pub struct LocalArgs {
     #[arg(long, default_value_t = 2e-3)]
     warm_lr: f64,
     /// Share of imperfect gold trajectories (wrong query, no search, first hop only).
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, default_value_t = GoldConfig::default().corrupt_share)]
     corrupt_share: f64,
     /// Share of the year questions (birth and founding years) whose gold trajectory answers from
     /// memory without searching: a habit greedy decoding shows and RL has to unlearn.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = GoldConfig::default().year_guess_share)]
     year_guess_share: f64,
     /// Share of the two-hop questions whose gold trajectory answers with the bridge entity after
     /// the first hop: a habit greedy decoding shows and RL has to unlearn.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = GoldConfig::default().first_hop_share)]
     first_hop_share: f64,
     /// RL steps.
     #[arg(long, default_value_t = 40)]
@@ -168,9 +168,14 @@ impl From<&Evaluation> for Figures {
 pub struct LocalSummary {
     pub seed: u64,
     pub seconds: f64,
+    /// Every setting of the run, as the flags name them.
+    pub settings: LocalArgs,
     /// Sampling temperature of the training rollouts and of `sampled_mean_reward`.
     pub temperature: f64,
+    /// Mean loss per trained token over the last tenth of the warm-start updates; each update's
+    /// loss is in `warm_start_losses`.
     pub warm_start_loss: f64,
+    pub warm_start_losses: PathBuf,
     pub after_warm_start: Figures,
     pub after_rl: Figures,
     /// Mean reward of training rollouts (sampled at the training temperature) in the first and
@@ -227,6 +232,7 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     ] {
         anyhow::ensure!((0.0..=1.0).contains(&share), "{flag} {share}: must be between 0 and 1");
     }
+    let settings = args.clone();
     let persons = args.persons;
     let config = Config {
         out: args.out,
@@ -353,8 +359,11 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     let drills = copy_drills(&world, &tokenizer, ws.drill_steps as usize * ws.batch, config.seed)?;
     let progress = kart::train::progress::bar("warm start", ws.drill_steps + ws.steps, 0);
     let warm_started = Instant::now();
-    let warm_loss = warm_start::train(&model, &drills, &trajectories, ws, config.seed, &progress);
+    let losses = warm_start::train(&model, &drills, &trajectories, ws, config.seed, &progress);
     progress.finish_and_clear();
+    let warm_loss = warm_start::end_loss(&losses);
+    let warm_start_losses = out.join("warm-start.jsonl");
+    write_losses(&warm_start_losses, &losses, ws.drill_steps)?;
     eprintln!(
         "warm start: {} updates ({} on copy drills) in {:.0} s, loss {warm_loss:.3} per trained token at the end",
         ws.drill_steps + ws.steps,
@@ -438,8 +447,10 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     let summary = LocalSummary {
         seed: config.seed,
         seconds: started.elapsed().as_secs_f64(),
+        settings,
         temperature: config.temperature,
         warm_start_loss: warm_loss,
+        warm_start_losses,
         after_warm_start: Figures::from(&first),
         after_rl: Figures::from(&last),
         train_reward_first: rewards.first().copied(),
@@ -450,4 +461,17 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     };
     std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&summary)? + "\n")?;
     Ok(summary)
+}
+
+/// Writes one JSON line per warm-start update: its number (from 1), what it trained on
+/// (`copy-drill` for the first `drill_steps`, then `gold`) and its loss per trained token.
+fn write_losses(path: &std::path::Path, losses: &[f64], drill_steps: u64) -> anyhow::Result<()> {
+    let lines: String = (1..)
+        .zip(losses)
+        .map(|(update, loss)| {
+            let pool = if update <= drill_steps { "copy-drill" } else { "gold" };
+            format!("{}\n", json!({"update": update, "pool": pool, "loss": loss}))
+        })
+        .collect();
+    std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))
 }

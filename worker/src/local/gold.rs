@@ -47,9 +47,11 @@ pub struct GoldConfig {
     pub seed: u64,
 }
 
+/// The defaults of `kart local`: a quarter of the trajectories imperfect, and half the year
+/// questions answered from memory.
 impl Default for GoldConfig {
     fn default() -> Self {
-        GoldConfig { corrupt_share: 0.25, year_guess_share: 0.0, first_hop_share: 0.0, seed: 0 }
+        GoldConfig { corrupt_share: 0.25, year_guess_share: 0.5, first_hop_share: 0.0, seed: 0 }
     }
 }
 

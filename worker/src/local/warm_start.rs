@@ -119,8 +119,8 @@ fn copy_sample(trajectory: &Trajectory) -> Sample {
 }
 
 /// Trains `model` on `drills` (each once, `config.drill_steps` updates) then on `trajectories`
-/// (cycled in a seeded order, `config.steps` updates); returns the mean loss of the last tenth of
-/// the updates.
+/// (cycled in a seeded order, `config.steps` updates); returns the loss of each update, per
+/// trained token.
 pub fn train(
     model: &CausalLm,
     drills: &[Trajectory],
@@ -128,7 +128,7 @@ pub fn train(
     config: &WarmStart,
     seed: u64,
     bar: &ProgressBar,
-) -> f64 {
+) -> Vec<f64> {
     let drills: Vec<Sample> = drills.iter().map(copy_sample).collect();
     let samples: Vec<Sample> = trajectories.iter().map(copy_sample).collect();
     let optim = OptimConfig {
@@ -143,7 +143,7 @@ pub fn train(
     let order = crate::train::data::permutation(seed, 0, samples.len());
     let drill_steps = if drills.is_empty() { 0 } else { config.drill_steps };
     let total = drill_steps + if samples.is_empty() { 0 } else { config.steps };
-    let (mut tail_loss, mut tail) = (0.0, 0);
+    let mut losses = Vec::with_capacity(total as usize);
     for step in 0..total {
         let (pool, rows) = update_rows(step, drill_steps, config.batch, drills.len(), &order);
         let pool = match pool {
@@ -157,14 +157,18 @@ pub fn train(
         loss.backward();
         optimizer.step(learning_rate(&optim, step, total));
         let value = loss.double_value(&[]);
-        if step * 10 >= total * 9 {
-            tail_loss += value;
-            tail += 1;
-        }
+        losses.push(value);
         bar.set_position(step + 1);
         bar.set_message(format!("loss {value:.3}"));
     }
-    if tail > 0 { tail_loss / f64::from(tail) } else { f64::NAN }
+    losses
+}
+
+/// The mean of the last tenth of `losses` (at least one), the warm start's loss at its end; NaN
+/// when there were no updates.
+pub fn end_loss(losses: &[f64]) -> f64 {
+    let tail = &losses[losses.len() - losses.len().div_ceil(10)..];
+    if tail.is_empty() { f64::NAN } else { tail.iter().sum::<f64>() / tail.len() as f64 }
 }
 
 /// The samples a warm-start update draws from.
@@ -207,6 +211,14 @@ mod tests {
         assert_eq!(rows(5), (Pool::Gold, vec![2, 4]));
         assert_eq!(rows(6), (Pool::Gold, vec![0, 3]));
         assert_eq!(update_rows(0, 0, 2, 0, &order), (Pool::Gold, vec![4, 0]));
+    }
+
+    #[test]
+    fn the_end_loss_is_the_mean_of_the_last_tenth() {
+        let losses: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(end_loss(&losses), 19.5);
+        assert_eq!(end_loss(&losses[..3]), 3.0);
+        assert!(end_loss(&[]).is_nan());
     }
 
     #[test]
