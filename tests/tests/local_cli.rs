@@ -29,15 +29,20 @@ fn help_exposes_world_model_steps_algorithm_seed_and_output() {
 fn small_run_writes_model_chart_metrics_and_summary() {
     let dir = std::env::temp_dir().join(format!("kart-local-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let output = Command::new(binary("kart"))
-        .args(["local", "--persons", "400", "--rl-questions", "20", "--hidden", "32", "--layers", "1"])
-        .args(["--vocab", "600"])
-        .args(["--copy-drills", "3", "--warm-steps", "6", "--warm-batch", "4"])
-        .args(["--steps", "2", "--prompts", "2", "--n", "2"])
-        .args(["--eval-questions", "8", "--seed", "5", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
+    let run = || {
+        Command::new(binary("kart"))
+            .args(["local", "--persons", "400", "--rl-questions", "20", "--hidden", "32", "--layers", "1"])
+            .args(["--vocab", "600"])
+            .args(["--copy-drills", "3", "--warm-steps", "6", "--warm-batch", "4"])
+            .args(["--steps", "2", "--prompts", "2", "--n", "2"])
+            .args(["--eval-questions", "8", "--seed", "5", "--out"])
+            .arg(&dir)
+            .output()
+            .unwrap()
+    };
+    // A second run into the same folder replaces the first one's records, none left behind.
+    assert!(run().status.success());
+    let output = run();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("after warm start") && stdout.contains("exact match (greedy)"), "{stdout}");
@@ -78,6 +83,8 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     let steps = std::fs::read_to_string(dir.join("rl/metrics.jsonl")).unwrap().lines().count();
     assert_eq!(steps, 3, "the evaluation before RL and two steps");
+    let rollouts = std::fs::read_to_string(dir.join("rl/rollouts.jsonl")).unwrap().lines().count();
+    assert_eq!(rollouts, 2 * 2 * 2, "two steps of two questions times two trajectories");
     for file in
         ["world/corpus.jsonl", "world/train.parquet", "world/test.parquet", "world/warm-start.parquet"]
     {

@@ -168,10 +168,11 @@ impl MetricsLog {
         MetricsLog { path: path.to_path_buf() }
     }
 
-    /// Keeps only the records of steps up to `step` (a resumed run rewrites the steps after its
-    /// checkpoint).
-    pub fn truncate_after(&self, step: u64) -> std::io::Result<()> {
-        truncate_after(&self.path, step)
+    /// Keeps the records of a run resumed at step `resumed` up to that step (it rewrites the
+    /// steps after its checkpoint), and none for a new run (`None`): the records of an earlier run
+    /// in the same folder, its evaluation before step 1 included, are not this run's.
+    pub fn restart(&self, resumed: Option<u64>) -> std::io::Result<()> {
+        restart(&self.path, resumed)
     }
 
     /// Appends one record.
@@ -181,9 +182,15 @@ impl MetricsLog {
     }
 }
 
-/// Keeps only the lines of a JSON-lines file whose `step` is at most `step`; a missing file is
-/// left missing.
-pub fn truncate_after(path: &Path, step: u64) -> std::io::Result<()> {
+/// Keeps only the lines of a JSON-lines file whose `step` is at most `resumed`, none when it is
+/// `None` (see [`MetricsLog::restart`]); a missing file is left missing.
+pub fn restart(path: &Path, resumed: Option<u64>) -> std::io::Result<()> {
+    let Some(step) = resumed else {
+        return match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    };
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -207,19 +214,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn log_appends_and_truncates_by_step() {
+    fn a_resumed_run_keeps_the_steps_through_its_checkpoint_and_a_new_run_none() {
         let dir = tempfile::tempdir().unwrap();
-        let log = MetricsLog::new(&dir.path().join("metrics.jsonl"));
-        for step in 1..=3 {
-            let mut r = StepRecord::default();
-            r.set("step", step as f64);
-            r.set("reward/mean", f64::NAN);
-            log.append(&r).unwrap();
-        }
-        log.truncate_after(2).unwrap();
-        let text = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
-        assert_eq!(text.lines().count(), 2);
+        let path = dir.path().join("metrics.jsonl");
+        let log = MetricsLog::new(&path);
+        let write_run = || {
+            for step in 0..=3 {
+                let mut r = StepRecord::default();
+                r.set("step", step as f64);
+                r.set("reward/mean", f64::NAN);
+                log.append(&r).unwrap();
+            }
+        };
+        write_run();
+        log.restart(Some(2)).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 3, "steps 0, 1 and 2: {text}");
         assert!(text.contains(r#""reward/mean":null"#), "{text}");
+        // A new run in the same folder: not even the earlier run's step 0 stays.
+        log.restart(None).unwrap();
+        assert!(!path.exists());
+        log.restart(None).unwrap();
+        write_run();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 4);
     }
 
     #[test]

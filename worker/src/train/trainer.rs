@@ -323,10 +323,10 @@ impl Trainer {
         };
 
         let log = MetricsLog::new(&out.join("metrics.jsonl"));
-        log.truncate_after(step)
-            .map_err(|source| TrainError::Io { path: out.join("metrics.jsonl"), source })?;
+        let resumed = loaded.as_ref().map(|l| l.state.step);
+        log.restart(resumed).map_err(|source| TrainError::Io { path: out.join("metrics.jsonl"), source })?;
         let dump_path = out.join("rollouts.jsonl");
-        super::metrics::truncate_after(&dump_path, step)
+        super::metrics::restart(&dump_path, resumed)
             .map_err(|source| TrainError::Io { path: dump_path.clone(), source })?;
         let dump = config.dump_rollouts.then(|| RolloutDump::new(&dump_path, tokenizer.clone()));
         let config = Arc::new(config);
