@@ -158,6 +158,13 @@ fn short_run_completes_and_resumes_after_sigkill() {
     let plan = prompts_by_step(&out_a);
     assert_eq!(plan.len() as u64, STEPS);
     assert!(plan.values().all(|ids| ids.len() == 4), "2 prompts x 2 trajectories per step: {plan:?}");
+    // A new run is refused a folder holding this one, which it would otherwise mix with its own.
+    let logged = std::fs::read_to_string(out_a.join("metrics.jsonl")).unwrap();
+    let again = train(&train_config(&dir, &services, &out_a), false).stderr(Stdio::piped()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success());
+    assert!(stderr.contains("a checkpoint of step 4") && stderr.contains("--resume"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(out_a.join("metrics.jsonl")).unwrap(), logged);
     // The worker pulled every published version from the trainer.
     let metrics = reqwest::blocking::get(format!("{}/metrics", services.worker_url)).unwrap().text().unwrap();
     assert!(metrics.contains(&format!("kart_rollout_policy_version {STEPS}")), "{metrics}");

@@ -33,7 +33,8 @@ use tch::Device;
 /// retriever; prints held-out figures before and after RL.
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct LocalArgs {
-    /// Output folder (world, models, warm-start losses, metrics, chart, summary.json).
+    /// Output folder (world, models, warm-start losses, metrics, chart, summary.json); an earlier
+    /// run's are replaced.
     #[arg(long, default_value = "kart-local")]
     out: PathBuf,
     /// Seed of the world, the model and every sampling decision.
@@ -374,8 +375,11 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     save_pretrained(&warm, &model_config, &model.named_tensors(), Some(&base), tch::Kind::Float)?;
     drop(model);
 
-    // RL through the trainer.
+    // RL through the trainer, in a folder of its own: an earlier run's is replaced.
     let rl_dir = out.join("rl");
+    if rl_dir.exists() {
+        std::fs::remove_dir_all(&rl_dir).with_context(|| format!("removing {}", rl_dir.display()))?;
+    }
     let train_config = TrainConfig {
         model: warm.clone(),
         output_dir: rl_dir.clone(),

@@ -169,8 +169,9 @@ impl MetricsLog {
     }
 
     /// Keeps the records of a run resumed at step `resumed` up to that step (it rewrites the
-    /// steps after its checkpoint), and none for a new run (`None`): the records of an earlier run
-    /// in the same folder, its evaluation before step 1 included, are not this run's.
+    /// steps after its checkpoint), and none when it starts at step 0 (`None`), as a run asked to
+    /// resume that finds no checkpoint does: its records before the crash, the evaluation before
+    /// step 1 included, are written again.
     pub fn restart(&self, resumed: Option<u64>) -> std::io::Result<()> {
         restart(&self.path, resumed)
     }

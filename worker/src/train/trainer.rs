@@ -50,6 +50,10 @@ pub enum TrainError {
     Rollout { step: u64, reason: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "output_dir {dir}: holds an earlier run ({what}); pass --resume to continue it, or choose an empty output_dir"
+    )]
+    EarlierRun { dir: PathBuf, what: String },
 }
 
 /// What a finished run reports.
@@ -157,6 +161,20 @@ fn unique_tasks<'a>(prompts: impl Iterator<Item = &'a Task>) -> Vec<Task> {
         .collect()
 }
 
+/// Refuses to start a new run where an earlier one left checkpoints or metrics: its checkpoints
+/// would outrank the new run's when pruning and resuming, and its records would be lost.
+fn refuse_earlier_run(out: &std::path::Path) -> Result<(), TrainError> {
+    let earlier = |what: String| Err(TrainError::EarlierRun { dir: out.to_path_buf(), what });
+    if let Some((step, _)) = checkpoint::list(&out.join("checkpoints")).pop() {
+        return earlier(format!("a checkpoint of step {step}"));
+    }
+    let metrics = out.join("metrics.jsonl");
+    if std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0) {
+        return earlier(format!("{} is not empty", metrics.display()));
+    }
+    Ok(())
+}
+
 fn has_variance(g: &Group) -> bool {
     let mut rewards = g.trajectories.iter().filter(|t| t.status != Status::Aborted).map(|t| t.reward);
     let Some(first) = rewards.next() else { return false };
@@ -206,8 +224,9 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Loads data, models and optimiser state (from the newest checkpoint when `resume`), and
-    /// connects the pool. `advertise_url` is where workers reach this trainer's `/weights`.
+    /// Loads data, models and optimiser state (from the newest checkpoint when `resume`; without
+    /// it, an output folder holding an earlier run is refused), and connects the pool.
+    /// `advertise_url` is where workers reach this trainer's `/weights`.
     pub fn build(
         config: TrainConfig,
         resume: bool,
@@ -236,6 +255,7 @@ impl Trainer {
         let loaded = if resume {
             checkpoint::latest(&checkpoints).map(|d| checkpoint::load(&d)).transpose()?
         } else {
+            refuse_earlier_run(&out)?;
             None
         };
         let policy_dir = loaded.as_ref().map_or_else(|| config.model.clone(), checkpoint::Loaded::policy_dir);
