@@ -360,11 +360,11 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     let drills = copy_drills(&world, &tokenizer, ws.drill_steps as usize * ws.batch, config.seed)?;
     let progress = kart::train::progress::bar("warm start", ws.drill_steps + ws.steps, 0);
     let warm_started = Instant::now();
-    let losses = warm_start::train(&model, &drills, &trajectories, ws, config.seed, &progress);
+    let updates = warm_start::train(&model, &drills, &trajectories, ws, config.seed, &progress);
     progress.finish_and_clear();
-    let warm_loss = warm_start::end_loss(&losses);
+    let warm_loss = warm_start::end_loss(&updates);
     let warm_start_losses = out.join("warm-start.jsonl");
-    write_losses(&warm_start_losses, &losses, ws.drill_steps)?;
+    write_losses(&warm_start_losses, &updates)?;
     eprintln!(
         "warm start: {} updates ({} on copy drills) in {:.0} s, loss {warm_loss:.3} per trained token at the end",
         ws.drill_steps + ws.steps,
@@ -468,14 +468,11 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
 }
 
 /// Writes one JSON line per warm-start update: its number (from 1), what it trained on
-/// (`copy-drill` for the first `drill_steps`, then `gold`) and its loss per trained token.
-fn write_losses(path: &std::path::Path, losses: &[f64], drill_steps: u64) -> anyhow::Result<()> {
+/// (`copy-drill` or `gold`) and its loss per trained token.
+fn write_losses(path: &std::path::Path, updates: &[warm_start::Update]) -> anyhow::Result<()> {
     let lines: String = (1..)
-        .zip(losses)
-        .map(|(update, loss)| {
-            let pool = if update <= drill_steps { "copy-drill" } else { "gold" };
-            format!("{}\n", json!({"update": update, "pool": pool, "loss": loss}))
-        })
+        .zip(updates)
+        .map(|(n, u)| format!("{}\n", json!({"update": n, "pool": u.pool, "loss": u.loss})))
         .collect();
     std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))
 }

@@ -14,6 +14,7 @@ use crate::train::batch::{MicroBatch, Sample};
 use crate::train::config::{OptimConfig, Schedule};
 use crate::train::optim::{AdamW, learning_rate};
 use indicatif::ProgressBar;
+use serde::Serialize;
 use std::collections::HashSet;
 use tch::Kind;
 
@@ -119,8 +120,7 @@ fn copy_sample(trajectory: &Trajectory) -> Sample {
 }
 
 /// Trains `model` on `drills` (each once, `config.drill_steps` updates) then on `trajectories`
-/// (cycled in a seeded order, `config.steps` updates); returns the loss of each update, per
-/// trained token.
+/// (cycled in a seeded order, `config.steps` updates); returns each update.
 pub fn train(
     model: &CausalLm,
     drills: &[Trajectory],
@@ -128,7 +128,7 @@ pub fn train(
     config: &WarmStart,
     seed: u64,
     bar: &ProgressBar,
-) -> Vec<f64> {
+) -> Vec<Update> {
     let drills: Vec<Sample> = drills.iter().map(copy_sample).collect();
     let samples: Vec<Sample> = trajectories.iter().map(copy_sample).collect();
     let optim = OptimConfig {
@@ -143,38 +143,49 @@ pub fn train(
     let order = crate::train::data::permutation(seed, 0, samples.len());
     let drill_steps = if drills.is_empty() { 0 } else { config.drill_steps };
     let total = drill_steps + if samples.is_empty() { 0 } else { config.steps };
-    let mut losses = Vec::with_capacity(total as usize);
+    let mut updates = Vec::with_capacity(total as usize);
     for step in 0..total {
         let (pool, rows) = update_rows(step, drill_steps, config.batch, drills.len(), &order);
-        let pool = match pool {
+        let pooled = match pool {
             Pool::Drills => &drills,
             Pool::Gold => &samples,
         };
-        let mb = MicroBatch::new(pool, &rows, model.device());
+        let mb = MicroBatch::new(pooled, &rows, model.device());
         optimizer.zero_grad();
         let (logprobs, _) = crate::train::update::logprobs(model, &mb, 1.0, false);
         let loss = -(logprobs * &mb.mask).sum(Kind::Float) / mb.mask.sum(Kind::Float).clamp_min(1.0);
         loss.backward();
         optimizer.step(learning_rate(&optim, step, total));
         let value = loss.double_value(&[]);
-        losses.push(value);
+        updates.push(Update { pool, loss: value });
         bar.set_position(step + 1);
         bar.set_message(format!("loss {value:.3}"));
     }
-    losses
+    updates
 }
 
-/// The mean of the last tenth of `losses` (at least one), the warm start's loss at its end; NaN
-/// when there were no updates.
-pub fn end_loss(losses: &[f64]) -> f64 {
-    let tail = &losses[losses.len() - losses.len().div_ceil(10)..];
-    if tail.is_empty() { f64::NAN } else { tail.iter().sum::<f64>() / tail.len() as f64 }
+/// One warm-start update: what it trained on, and its loss per trained token.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Update {
+    pub pool: Pool,
+    pub loss: f64,
+}
+
+/// The mean loss of the last tenth of `updates` (at least one), the warm start's loss at its end;
+/// NaN when there were no updates.
+pub fn end_loss(updates: &[Update]) -> f64 {
+    let tail = &updates[updates.len() - updates.len().div_ceil(10)..];
+    if tail.is_empty() { f64::NAN } else { tail.iter().map(|u| u.loss).sum::<f64>() / tail.len() as f64 }
 }
 
 /// The samples a warm-start update draws from.
-#[derive(Debug, PartialEq)]
-enum Pool {
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Pool {
+    /// Copy drills ([`super::copy_drill`]).
+    #[serde(rename = "copy-drill")]
     Drills,
+    /// Gold trajectories.
+    #[serde(rename = "gold")]
     Gold,
 }
 
@@ -215,7 +226,7 @@ mod tests {
 
     #[test]
     fn the_end_loss_is_the_mean_of_the_last_tenth() {
-        let losses: Vec<f64> = (1..=20).map(f64::from).collect();
+        let losses: Vec<Update> = (1..=20).map(|l| Update { pool: Pool::Gold, loss: f64::from(l) }).collect();
         assert_eq!(end_loss(&losses), 19.5);
         assert_eq!(end_loss(&losses[..3]), 3.0);
         assert!(end_loss(&[]).is_nan());
