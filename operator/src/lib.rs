@@ -1,6 +1,6 @@
 //! kart-operator: the Kubernetes operator that reconciles kart's Retriever, RolloutPool and
-//! TrainingJob custom resources into workloads. It depends on `kart` without default features, for
-//! the shared configuration types only, and never links libtorch.
+//! TrainingJob custom resources into workloads. Of kart's crates it depends on `kart-core` alone,
+//! for the configuration types it embeds in its CRDs, and never links libtorch.
 //!
 //! - [`crd`]: the custom resources and their CRDs;
 //! - [`build`]: the desired children of each resource (pure: spec in, objects out);

@@ -3,7 +3,7 @@
 
 use axum::http::{Method, Request, Response, StatusCode};
 use kart_operator::build::Settings;
-use kart_operator::controller::{Context, retriever, training_job};
+use kart_operator::controller::{self, Context};
 use kart_operator::crd::{Retriever, TrainingJob};
 use kart_operator::metrics::Metrics;
 use kart_operator::status::trainer::HttpStatusSource;
@@ -85,7 +85,7 @@ fn resource<K: serde::de::DeserializeOwned>(kind: &str, spec: Value) -> K {
 async fn retriever_applies_config_deployment_service_then_status_and_event() {
     let (ctx, mut api) = context();
     let ret: Retriever = resource("Retriever", json!({"config": {"method": "serper"}}));
-    let reconcile = tokio::spawn(retriever::reconcile(Arc::new(ret), ctx));
+    let reconcile = tokio::spawn(controller::reconcile(Arc::new(ret), ctx));
     let config =
         expect(&mut api, Method::PATCH, "/api/v1/namespaces/ml/configmaps/x-retriever", true, 200, echo)
             .await;
@@ -122,7 +122,7 @@ async fn training_job_waits_for_a_missing_retriever_without_creating_children() 
         "TrainingJob",
         json!({"retrieverRef": "wiki", "config": {"model": "/m", "data": {"train": "/t.parquet"}}}),
     );
-    let reconcile = tokio::spawn(training_job::reconcile(Arc::new(tj), ctx));
+    let reconcile = tokio::spawn(controller::reconcile(Arc::new(tj), ctx));
     expect(&mut api, Method::GET, "/apis/batch/v1/namespaces/ml/jobs/x-trainer-0", false, 404, not_found)
         .await;
     expect(
@@ -160,7 +160,7 @@ async fn an_invalid_spec_becomes_a_condition_and_a_warning() {
         json!({"config": {"model": "/m", "data": {"train": "/t.parquet"}, "rollout": {"urls": ["http://p"]},
                           "algorithm": {"clip_ratio_low": 1.5}}}),
     );
-    let reconcile = tokio::spawn(training_job::reconcile(Arc::new(tj), ctx.clone()));
+    let reconcile = tokio::spawn(controller::reconcile(Arc::new(tj), ctx.clone()));
     let status = expect(&mut api, Method::PATCH, "/apis/kart.dev/v1alpha1/namespaces/ml/trainingjobs/x/status", true, 200, |_| {
         json!({"apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "x", "namespace": "ml"},
                "spec": {"config": {}}})

@@ -6,15 +6,7 @@ pub mod cluster;
 
 use std::path::{Path, PathBuf};
 
-/// The repository root (the workspace folder).
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits in the workspace").to_path_buf()
-}
-
-/// `../shared` beside the repository: conformance vectors, fixtures and seeds.
-pub fn shared_dir() -> PathBuf {
-    repo_root().join("../shared")
-}
+pub use kart_testing::{repo_root, shared as shared_dir};
 
 /// A binary of the workspace, built in the same profile as the running test.
 ///
@@ -41,8 +33,7 @@ pub fn binary(name: &str) -> PathBuf {
 /// The project venv's Python (`KART_VENV`, as `scripts/env.sh` sets it, else `.venv`), which has the
 /// packages of `scripts/requirements.txt`.
 pub fn python() -> PathBuf {
-    let venv = std::env::var_os("KART_VENV").map_or_else(|| repo_root().join(".venv"), PathBuf::from);
-    venv.join("bin/python")
+    kart_testing::venv().join("bin/python")
 }
 
 /// A child process killed when dropped, so a failing test never leaves servers behind.

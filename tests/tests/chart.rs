@@ -5,10 +5,9 @@
 //! against the fake API server), and the processes scraped by a real Prometheus server that also
 //! evaluates the alerting rules.
 
-use kart::retriever::config::RetrieverConfig;
-use kart::rollout::config::RolloutConfig;
-use kart::rollout::env::EnvConfig;
-use kart::train::config::TrainConfig;
+use kart_core::config::retriever::RetrieverConfig;
+use kart_core::config::rollout::RolloutConfig;
+use kart_core::config::train::TrainConfig;
 use kart_operator::crd::{Retriever, TrainingJob};
 use kart_tests::cluster::apiserver::ApiServer;
 use kart_tests::cluster::operator::Operator;
@@ -76,10 +75,8 @@ fn examples_match_the_crds_and_the_worker_configs() {
                 train.rollout.urls = vec![format!("http://{}:8001", pool_name.as_str().unwrap())];
                 train.validate().unwrap_or_else(|e| fail(&e));
                 // The environment the trainer requests is the one its pool is configured for.
-                let env: EnvConfig =
-                    serde_json::from_value(train.rollout.env.clone()).unwrap_or_else(|e| fail(&e));
                 assert_eq!(
-                    env,
+                    train.rollout.env,
                     pool(&r["file"], pool_name).env,
                     "{name}: rollout.env differs from its RolloutPool's"
                 );

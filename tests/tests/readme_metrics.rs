@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 fn registered() -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let pattern = regex_lite(r#""kart_(retriever|rollout|trainer|operator)_[a-z0-9_]+""#);
-    for dir in ["worker/src", "operator/src"] {
+    for dir in ["crates", "operator/src"] {
         visit(&repo_root().join(dir), &mut |text| {
             for m in pattern.find_iter(text) {
                 names.insert(m.as_str().trim_matches('"').to_string());

@@ -1,6 +1,6 @@
 //! `kart retriever index` + `kart retriever serve` as Search-R1's training code uses them.
 
-use kart::agent::search_r1::{RetrievalResult, passages_to_string};
+use kart_core::agent::search_r1::{RetrievalResult, passages_to_string};
 use kart_tests::{Child, binary, free_port, wait_ready};
 use serde_json::{Value, json};
 use std::process::{Command, Stdio};

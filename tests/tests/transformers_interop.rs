@@ -8,10 +8,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kart::model::{
-    CHATML, CausalLm, ChatMessage, ChatTemplate, ModelConfig, QwenSizes, Tokenizer, save_pretrained,
-};
+use kart_core::chat::ChatMessage;
+use kart_model::{CausalLm, ModelConfig, QwenSizes, save_pretrained};
 use kart_tests::{repo_root, shared_dir};
+use kart_tokenizer::{CHATML, ChatTemplate, Tokenizer};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
 

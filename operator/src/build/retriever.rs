@@ -16,7 +16,7 @@ use crate::crd::Retriever;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
-use kart::retriever::config::{MAX_TOPK, Method, RetrieverConfig};
+use kart_core::config::retriever::{MAX_TOPK, Method, RetrieverConfig};
 use kube::ResourceExt;
 use std::collections::BTreeMap;
 

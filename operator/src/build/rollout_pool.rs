@@ -8,7 +8,7 @@ use super::{InvalidSpec, ROLLOUT_PORT, SGLANG_PORT, Settings, VLLM_PORT, config_
 use crate::crd::RolloutPool;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kart::rollout::config::{EngineConfig, RolloutConfig};
+use kart_core::config::rollout::{EngineConfig, RolloutConfig};
 use kube::ResourceExt;
 use std::collections::BTreeMap;
 
@@ -58,10 +58,10 @@ pub fn render_config(pool: &RolloutPool) -> RolloutConfig {
     let mut config = pool.spec.config.clone();
     config.host = "0.0.0.0".into();
     config.port = ROLLOUT_PORT;
-    if config.retriever_url.is_none()
+    if config.context.retriever_url.is_none()
         && let Some(r) = &pool.spec.retriever_ref
     {
-        config.retriever_url =
+        config.context.retriever_url =
             Some(meta::endpoint(&retriever::workload_name(r), &namespace, super::RETRIEVER_PORT));
     }
     if let Some((kind, port)) = server_kind(pool) {
@@ -196,7 +196,7 @@ mod tests {
         let c = children(&pool, &Settings { image: "kart:test".into() }).unwrap();
         let config: RolloutConfig =
             serde_json::from_str(&c.config_map.data.as_ref().unwrap()["config.json"]).unwrap();
-        assert_eq!(config.retriever_url.as_deref(), Some("http://wiki-retriever.ml.svc:8000"));
+        assert_eq!(config.context.retriever_url.as_deref(), Some("http://wiki-retriever.ml.svc:8000"));
         assert_eq!(config.port, 8001);
         match &config.engine {
             EngineConfig::Sglang { urls, .. } => assert_eq!(urls, &["http://pool-sglang.ml.svc:30000"]),

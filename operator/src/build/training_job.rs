@@ -18,8 +18,8 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, EnvVar, EnvVarSource, ObjectFieldSelector, PersistentVolumeClaim, Service,
 };
-use kart::train::TrainConfig;
-use kart::train::config::WeightSync;
+use kart_core::config::train::TrainConfig;
+use kart_core::config::train::WeightSync;
 use kube::ResourceExt;
 use std::collections::BTreeMap;
 
@@ -85,10 +85,10 @@ pub fn render_config(tj: &TrainingJob) -> TrainConfig {
         config.rollout.urls =
             vec![meta::endpoint(&rollout_pool::workload_name(pool), &namespace, super::ROLLOUT_PORT)];
     }
-    if config.rollout.retriever_url.is_none()
+    if config.rollout.context.retriever_url.is_none()
         && let Some(r) = &spec.retriever_ref
     {
-        config.rollout.retriever_url =
+        config.rollout.context.retriever_url =
             Some(meta::endpoint(&retriever::workload_name(r), &namespace, super::RETRIEVER_PORT));
     }
     if let WeightSync::HttpPull { advertise_url: url @ None } = &mut config.weight_sync {
@@ -257,7 +257,10 @@ mod tests {
         let config: TrainConfig =
             serde_json::from_str(&c.config_map.data.as_ref().unwrap()["config.json"]).unwrap();
         assert_eq!(config.rollout.urls, ["http://pool-rollout.ml.svc:8001"]);
-        assert_eq!(config.rollout.retriever_url.as_deref(), Some("http://wiki-retriever.ml.svc:8000"));
+        assert_eq!(
+            config.rollout.context.retriever_url.as_deref(),
+            Some("http://wiki-retriever.ml.svc:8000")
+        );
         assert_eq!(config.output_dir, std::path::PathBuf::from("/var/lib/kart/checkpoints"));
         assert_eq!((config.port, config.total_steps), (8002, 5));
         assert_eq!(

@@ -1,20 +1,25 @@
 //! The reconcilers, modelled on kube-rs's controller-rs: a shared [`Context`], an error policy
 //! with per-object exponential backoff, metrics per controller.
 //!
-//! - [`retriever`], [`rollout_pool`], [`training_job`]: one reconciler and `run` per kind;
+//! - [`kind`]: the controller written once: the [`Kind`] trait each kind implements, and
+//!   [`reconcile`], [`error_policy`] and [`run`] over it;
+//! - [`retriever`], [`rollout_pool`], [`training_job`]: each kind's [`Kind`];
 //! - [`apply`]: server-side apply, deletion and Events; [`backoff`]: the per-object backoff;
 //! - [`error`]: what can fail.
 
 pub mod apply;
 pub mod backoff;
 pub mod error;
+pub mod kind;
 pub mod retriever;
 pub mod rollout_pool;
 pub mod training_job;
 
 pub use error::Error;
+pub use kind::{Kind, error_policy, reconcile, run};
 
 use crate::build::Settings;
+use crate::crd::{Retriever, RolloutPool, TrainingJob};
 use crate::metrics::Metrics;
 use crate::status::trainer::StatusSource;
 use backoff::Backoff;
@@ -101,8 +106,8 @@ pub fn all(
     scope: &Scope,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) -> Vec<futures::future::BoxFuture<'static, ()>> {
-    let mut tasks = retriever::run(ctx.clone(), scope, shutdown.clone());
-    tasks.extend(rollout_pool::run(ctx.clone(), scope, shutdown.clone()));
-    tasks.extend(training_job::run(ctx, scope, shutdown));
+    let mut tasks = run::<Retriever>(ctx.clone(), scope, shutdown.clone());
+    tasks.extend(run::<RolloutPool>(ctx.clone(), scope, shutdown.clone()));
+    tasks.extend(run::<TrainingJob>(ctx, scope, shutdown));
     tasks
 }

@@ -4,7 +4,7 @@
 use super::pod::PodOverrides;
 use super::schema::embedded;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kart::retriever::config::RetrieverConfig;
+use kart_core::config::retriever::RetrieverConfig;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

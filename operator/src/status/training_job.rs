@@ -70,11 +70,25 @@ const DEPENDENCY_RECHECK: Duration = Duration::from_secs(30);
 /// The plan for `tj`; `poll` is how often a running trainer's `/status` is read.
 pub fn plan(tj: &TrainingJob, observed: Observed<'_>, poll: Duration) -> Plan {
     let old = tj.status.clone().unwrap_or_default();
+    let status = observe(tj, &old, &observed);
+    let mut plan = Plan { status, action: Action::None, transition: None, requeue: None };
+    if old.phase.is_finished() {
+        finished(tj, &mut plan, &observed.now);
+    } else if tj.spec.suspend {
+        suspend(tj, &mut plan, old.phase, observed.job, &observed.now);
+    } else {
+        proceed(tj, &mut plan, &old, &observed, poll);
+    }
+    plan
+}
+
+/// The `old` status with `tj`'s generation observed, its spec valid and the trainer's report
+/// folded in.
+fn observe(tj: &TrainingJob, old: &TrainingJobStatus, observed: &Observed<'_>) -> TrainingJobStatus {
     let mut s = old.clone();
     let generation = tj.metadata.generation;
-    let now = &observed.now;
     s.observed_generation = generation;
-    condition::clear(&mut s.conditions, types::VALIDATION_FAILED, "Valid", generation, now);
+    condition::clear(&mut s.conditions, types::VALIDATION_FAILED, "Valid", generation, &observed.now);
     if let Some(r) = &observed.report {
         s.step = r.step.unwrap_or(s.step);
         s.policy_version = r.policy_version.or(s.policy_version);
@@ -82,103 +96,119 @@ pub fn plan(tj: &TrainingJob, observed: Observed<'_>, poll: Duration) -> Plan {
         s.eval_em = r.eval_em.or(s.eval_em);
         s.checkpoint = r.checkpoint.clone().or(s.checkpoint);
     }
-    let mut plan = Plan { status: s, action: Action::None, transition: None, requeue: None };
+    s
+}
 
-    if old.phase.is_finished() {
-        finished(tj, &mut plan, now);
-        return plan;
-    }
+/// A suspended run (phase `old` before): stops the active Job.
+fn suspend(tj: &TrainingJob, plan: &mut Plan, old: TrainingJobPhase, job: Option<&Job>, now: &Time) {
+    let generation = tj.metadata.generation;
     let s = &mut plan.status;
-    if tj.spec.suspend {
-        s.phase = TrainingJobPhase::Suspended;
-        condition::set(
-            &mut s.conditions,
-            types::SUSPENDED,
-            true,
-            "Suspended",
-            "spec.suspend is set",
-            generation,
-            now,
-        );
-        condition::clear(&mut s.conditions, types::RUNNING, "Suspended", generation, now);
-        if let Some(job) = observed.job.filter(|j| outcome(j) == JobOutcome::Active) {
-            plan.action = Action::StopJob { name: job.metadata.name.clone().unwrap_or_default() };
-        }
-        if old.phase != TrainingJobPhase::Suspended {
-            plan.transition = Some(Transition::normal("Suspended", "the trainer is stopped"));
-        }
-        return plan;
+    s.phase = TrainingJobPhase::Suspended;
+    condition::set(
+        &mut s.conditions,
+        types::SUSPENDED,
+        true,
+        "Suspended",
+        "spec.suspend is set",
+        generation,
+        now,
+    );
+    condition::clear(&mut s.conditions, types::RUNNING, "Suspended", generation, now);
+    if let Some(job) = job.filter(|j| outcome(j) == JobOutcome::Active) {
+        plan.action = Action::StopJob { name: job.metadata.name.clone().unwrap_or_default() };
     }
-    condition::clear(&mut s.conditions, types::SUSPENDED, "Resumed", generation, now);
+    if old != TrainingJobPhase::Suspended {
+        plan.transition = Some(Transition::normal("Suspended", "the trainer is stopped"));
+    }
+}
 
+/// A run neither finished nor suspended: follows the current Job's outcome, or, without a Job,
+/// counts a deleted one as failed or waits for the dependencies and starts.
+fn proceed(
+    tj: &TrainingJob,
+    plan: &mut Plan,
+    old: &TrainingJobStatus,
+    observed: &Observed<'_>,
+    poll: Duration,
+) {
+    let now = &observed.now;
+    condition::clear(&mut plan.status.conditions, types::SUSPENDED, "Resumed", tj.metadata.generation, now);
     match observed.job.map(outcome) {
-        Some(JobOutcome::Active) => {
-            s.phase = TrainingJobPhase::Running;
-            let message = format!("step {}", s.step);
-            condition::set(
+        Some(JobOutcome::Active) => running(tj, plan, poll, now),
+        Some(JobOutcome::Succeeded) => succeeded(tj, plan, now),
+        Some(JobOutcome::Failed) => fail_or_restart(tj, plan, "JobFailed", now),
+        None if old.phase == TrainingJobPhase::Running && old.job_name.is_some() => {
+            fail_or_restart(tj, plan, "JobDeleted", now)
+        }
+        None => wait_or_start(tj, plan, observed, poll),
+    }
+}
+
+/// The trainer runs: keep the children applied and read its status every `poll`.
+fn running(tj: &TrainingJob, plan: &mut Plan, poll: Duration, now: &Time) {
+    let s = &mut plan.status;
+    s.phase = TrainingJobPhase::Running;
+    let message = format!("step {}", s.step);
+    condition::set(
+        &mut s.conditions,
+        types::RUNNING,
+        true,
+        "TrainerRunning",
+        message,
+        tj.metadata.generation,
+        now,
+    );
+    plan.action = Action::Apply;
+    plan.requeue = Some(poll);
+}
+
+/// The Job completed: the run succeeded.
+fn succeeded(tj: &TrainingJob, plan: &mut Plan, now: &Time) {
+    let generation = tj.metadata.generation;
+    let s = &mut plan.status;
+    s.phase = TrainingJobPhase::Succeeded;
+    s.completion_time = Some(now.clone());
+    let message = format!("finished at step {}", s.step);
+    condition::set(&mut s.conditions, types::SUCCEEDED, true, "Completed", message.clone(), generation, now);
+    condition::clear(&mut s.conditions, types::RUNNING, "Completed", generation, now);
+    plan.transition = Some(Transition::normal("Succeeded", message));
+    finished(tj, plan, now);
+}
+
+/// No Job: waits for the first unmet dependency (looking again after [`DEPENDENCY_RECHECK`]), or
+/// starts the next attempt once all are met.
+fn wait_or_start(tj: &TrainingJob, plan: &mut Plan, observed: &Observed<'_>, poll: Duration) {
+    let (generation, now) = (tj.metadata.generation, &observed.now);
+    let s = &mut plan.status;
+    match unmet(observed) {
+        Some((reason, message)) => {
+            s.phase = TrainingJobPhase::WaitingForDependencies;
+            let changed = condition::set(
                 &mut s.conditions,
-                types::RUNNING,
+                types::WAITING_FOR_DEPENDENCIES,
                 true,
-                "TrainerRunning",
+                reason,
                 message,
                 generation,
                 now,
             );
-            plan.action = Action::Apply;
-            plan.requeue = Some(poll);
+            if changed {
+                plan.transition = Some(Transition::normal(reason, message));
+            }
+            plan.requeue = Some(DEPENDENCY_RECHECK);
         }
-        Some(JobOutcome::Succeeded) => {
-            s.phase = TrainingJobPhase::Succeeded;
-            s.completion_time = Some(now.clone());
-            let message = format!("finished at step {}", s.step);
-            condition::set(
+        None => {
+            condition::clear(
                 &mut s.conditions,
-                types::SUCCEEDED,
-                true,
-                "Completed",
-                message.clone(),
+                types::WAITING_FOR_DEPENDENCIES,
+                "DependenciesReady",
                 generation,
                 now,
             );
-            condition::clear(&mut s.conditions, types::RUNNING, "Completed", generation, now);
-            plan.transition = Some(Transition::normal("Succeeded", message));
-            finished(tj, &mut plan, now);
+            start(tj, plan, "Started", now);
+            plan.requeue = Some(poll);
         }
-        Some(JobOutcome::Failed) => fail_or_restart(tj, &mut plan, "JobFailed", now),
-        None if old.phase == TrainingJobPhase::Running && old.job_name.is_some() => {
-            fail_or_restart(tj, &mut plan, "JobDeleted", now)
-        }
-        None => match unmet(&observed) {
-            Some((reason, message)) => {
-                s.phase = TrainingJobPhase::WaitingForDependencies;
-                let changed = condition::set(
-                    &mut s.conditions,
-                    types::WAITING_FOR_DEPENDENCIES,
-                    true,
-                    reason,
-                    message,
-                    generation,
-                    now,
-                );
-                if changed {
-                    plan.transition = Some(Transition::normal(reason, message));
-                }
-                plan.requeue = Some(DEPENDENCY_RECHECK);
-            }
-            None => {
-                condition::clear(
-                    &mut s.conditions,
-                    types::WAITING_FOR_DEPENDENCIES,
-                    "DependenciesReady",
-                    generation,
-                    now,
-                );
-                start(tj, &mut plan, "Started", now);
-                plan.requeue = Some(poll);
-            }
-        },
     }
-    plan
 }
 
 /// The first unmet dependency: the condition's reason and message.

@@ -348,7 +348,7 @@ impl Kubelet {
             };
             set(&mut env, &var.name, rootfs.map(&value));
         }
-        set(&mut env, kart::http::BIND_ADDRESS_ENV, ip.to_string());
+        set(&mut env, kart_http::BIND_ADDRESS_ENV, ip.to_string());
         set(&mut env, "HTTP_PROXY", self.proxy.clone());
         set(&mut env, "NO_PROXY", "127.0.0.1,localhost".into());
         let mut program = container.command.clone().unwrap_or_else(|| vec![ENTRYPOINT.into()]);

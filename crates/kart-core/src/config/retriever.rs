@@ -1,0 +1,157 @@
+//! Configuration of a retriever service: one serde type, read by `kart retriever serve --config` and
+//! rendered by the operator into the ConfigMap the retriever pods read.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// How documents are retrieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// Lexical BM25 over a local tantivy index.
+    #[default]
+    Bm25,
+    /// A BERT-family encoder and exact inner-product search over stored embeddings.
+    Dense,
+    /// Web search through Serper (`SERPER_API_KEY`).
+    Serper,
+}
+
+/// Settings of the dense encoder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct EncoderConfig {
+    /// Hugging Face folder of the encoder (BERT family: `config.json`, `tokenizer.json`, safetensors).
+    pub model: Option<PathBuf>,
+    /// `mean` or `cls`.
+    pub pooling: Pooling,
+    /// L2-normalise embeddings.
+    pub normalize: bool,
+    /// Prepended to queries (E5: `query: `).
+    pub query_prefix: String,
+    /// Prepended to passages (E5: `passage: `).
+    pub passage_prefix: String,
+    /// Longest input in tokens; longer inputs are truncated.
+    pub max_length: usize,
+    /// Sentences per forward pass.
+    pub batch_size: usize,
+}
+
+impl Default for EncoderConfig {
+    fn default() -> Self {
+        EncoderConfig {
+            model: None,
+            pooling: Pooling::Mean,
+            normalize: true,
+            query_prefix: String::new(),
+            passage_prefix: String::new(),
+            max_length: 256,
+            batch_size: 64,
+        }
+    }
+}
+
+/// How token embeddings become one sentence embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// Mean over non-padding tokens.
+    #[default]
+    Mean,
+    /// The first (`[CLS]`) token.
+    Cls,
+}
+
+/// Settings of the online backends (web search and page access).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct OnlineConfig {
+    /// Serper endpoint.
+    pub serper_url: String,
+    /// Jina reader endpoint (used when `JINA_API_KEY` is set).
+    pub jina_url: String,
+    /// Results cached (LRU), across queries and pages.
+    pub cache_entries: usize,
+    /// Requests in flight toward each upstream service.
+    pub concurrency: usize,
+    /// Timeout of one upstream request in seconds.
+    pub timeout_secs: f64,
+    /// Retries after a failed upstream request, with exponential backoff.
+    pub retries: u32,
+    /// First backoff delay in milliseconds (doubled each retry).
+    pub backoff_ms: u64,
+}
+
+impl Default for OnlineConfig {
+    fn default() -> Self {
+        OnlineConfig {
+            serper_url: "https://google.serper.dev/search".into(),
+            jina_url: "https://r.jina.ai".into(),
+            cache_entries: 10_000,
+            concurrency: 32,
+            timeout_secs: 20.0,
+            retries: 3,
+            backoff_ms: 200,
+        }
+    }
+}
+
+/// The retriever service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrieverConfig {
+    /// Retrieval method.
+    pub method: Method,
+    /// Index folder (BM25 and dense).
+    pub index: Option<PathBuf>,
+    /// Results per query when a request's `topk` is null (Search-R1's default is 3).
+    pub topk: usize,
+    /// Address to listen on.
+    pub host: String,
+    /// Port to listen on.
+    pub port: u16,
+    /// Largest accepted request body in bytes.
+    pub max_body_bytes: usize,
+    /// Most queries in one request.
+    pub max_queries: usize,
+    /// Dense encoder settings.
+    pub encoder: EncoderConfig,
+    /// Online backend settings (Serper search, page access).
+    pub online: OnlineConfig,
+}
+
+impl Default for RetrieverConfig {
+    fn default() -> Self {
+        RetrieverConfig {
+            method: Method::Bm25,
+            index: None,
+            topk: 3,
+            host: "0.0.0.0".into(),
+            port: 8000,
+            max_body_bytes: 10 * 1024 * 1024,
+            max_queries: 4096,
+            encoder: EncoderConfig::default(),
+            online: OnlineConfig::default(),
+        }
+    }
+}
+
+/// The largest `topk` a request may ask for.
+pub const MAX_TOPK: usize = 1000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_search_r1() {
+        let c: RetrieverConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!((c.topk, c.port, c.method), (3, 8000, Method::Bm25));
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_by_name() {
+        let err = serde_json::from_str::<RetrieverConfig>(r#"{"top_k": 5}"#).unwrap_err().to_string();
+        assert!(err.contains("top_k"), "{err}");
+    }
+}

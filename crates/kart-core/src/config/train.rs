@@ -1,0 +1,617 @@
+//! Configuration of a training run: one serde type, read by `kart train --config` and rendered by
+//! the operator into the ConfigMap a TrainingJob's trainer pod reads. Defaults follow verl's
+//! `ppo_trainer.yaml` and the Search-R1 training scripts where they exist.
+
+use super::ConfigError;
+use super::env::EnvConfig;
+use super::rollout::ContextConfig;
+use crate::rl::kl::KlEstimator;
+use crate::rl::loss::LossAggMode;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// A training run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// The Hugging Face folder the policy (and the reference policy and critic) start from.
+    pub model: PathBuf,
+    /// Where checkpoints, `metrics.jsonl` and rollout dumps go.
+    pub output_dir: PathBuf,
+    /// Seed of data order, sampling and initialisation of new parameters.
+    pub seed: u64,
+    /// Optimisation steps to run.
+    pub total_steps: u64,
+    /// The training and held-out data.
+    pub data: DataConfig,
+    /// Advantage estimator, losses and their coefficients.
+    pub algorithm: AlgorithmConfig,
+    /// The value model of PPO (used when `algorithm.advantage` is `gae`).
+    pub critic: CriticConfig,
+    /// Optimiser and learning-rate schedule of the policy.
+    pub optim: OptimConfig,
+    /// Batch sizes.
+    pub batch: BatchConfig,
+    /// Where trajectories come from and how they are sampled.
+    pub rollout: RolloutSource,
+    /// How new weights reach the rollout engines.
+    pub weight_sync: WeightSync,
+    /// Checkpointing.
+    pub checkpoint: CheckpointConfig,
+    /// Evaluation on the held-out split.
+    pub eval: EvalConfig,
+    /// Append every step's decoded trajectories to `rollouts.jsonl`.
+    pub dump_rollouts: bool,
+    /// Address of the trainer's HTTP server (`/metrics`, `/status`, `/weights/{version}`).
+    pub host: String,
+    /// Port of the trainer's HTTP server; 0 picks a free one.
+    pub port: u16,
+    /// Where the models run.
+    pub device: Device,
+}
+
+/// Where the trainer's models (and its in-process engine) run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    /// The first CUDA device when one is available, else the CPU.
+    #[default]
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// The first CUDA device.
+    Cuda,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: PathBuf::new(),
+            output_dir: PathBuf::from("kart-train"),
+            seed: 0,
+            total_steps: 100,
+            data: DataConfig::default(),
+            algorithm: AlgorithmConfig::default(),
+            critic: CriticConfig::default(),
+            optim: OptimConfig::default(),
+            batch: BatchConfig::default(),
+            rollout: RolloutSource::default(),
+            weight_sync: WeightSync::default(),
+            checkpoint: CheckpointConfig::default(),
+            eval: EvalConfig::default(),
+            dump_rollouts: false,
+            host: "0.0.0.0".into(),
+            port: 8002,
+            device: Device::Auto,
+        }
+    }
+}
+
+/// The dataset files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataConfig {
+    /// Training prompts: Search-R1 parquet, ASearcher JSON lines or TIR JSON lines.
+    pub train: PathBuf,
+    /// Held-out prompts for evaluation (same formats).
+    pub test: Option<PathBuf>,
+    /// The file format; `auto` decides by extension and the first row.
+    pub format: DataFormat,
+    /// Skip (and count) rows with missing fields instead of failing with file and row.
+    pub skip_bad_rows: bool,
+    /// Use at most this many training prompts (0: all).
+    pub max_prompts: usize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            train: PathBuf::new(),
+            test: None,
+            format: DataFormat::Auto,
+            skip_bad_rows: false,
+            max_prompts: 0,
+        }
+    }
+}
+
+/// Dataset formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataFormat {
+    /// By extension (`.parquet` is Search-R1) and, for JSON lines, by the first row's keys.
+    #[default]
+    Auto,
+    /// Search-R1 parquet: `data_source`, `prompt`, `reward_model.ground_truth.target`, `extra_info`.
+    SearchR1,
+    /// ASearcher JSON lines: `question`, `answer` or `answers`, `id`.
+    Asearcher,
+    /// TIR JSON lines: `messages` (or `question`), `answer`.
+    Tir,
+}
+
+/// Advantage estimators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdvantageEstimator {
+    /// Group-normalised outcome rewards.
+    #[default]
+    Grpo,
+    /// GRPO without division by the group's standard deviation (Dr. GRPO).
+    Drgrpo,
+    /// Leave-one-out baseline.
+    Rloo,
+    /// PPO with a critic: generalised advantage estimation over the response tokens.
+    Gae,
+}
+
+/// The estimator a name denotes, as configs spell it (`grpo`, `drgrpo`, `rloo`, `gae`).
+impl std::str::FromStr for AdvantageEstimator {
+    type Err = serde::de::value::Error;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        use serde::de::IntoDeserializer;
+        Self::deserialize(name.into_deserializer())
+    }
+}
+
+/// The RL algorithm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlgorithmConfig {
+    /// The advantage estimator.
+    pub advantage: AdvantageEstimator,
+    /// GAE discount.
+    pub gamma: f64,
+    /// GAE trace decay.
+    pub lam: f64,
+    /// Lower PPO clip: ratios below `1 - clip_ratio_low` are clipped.
+    pub clip_ratio_low: f64,
+    /// Upper PPO clip (DAPO's clip-higher when above `clip_ratio_low`).
+    pub clip_ratio_high: f64,
+    /// Dual-clip constant for negative advantages (> 1).
+    pub clip_ratio_c: f64,
+    /// How the token losses are reduced.
+    pub loss_agg_mode: LossAggMode,
+    /// KL estimator of the KL loss to the reference policy; `null` turns the KL loss off.
+    pub kl_loss: Option<KlEstimator>,
+    /// Coefficient of the KL loss.
+    pub kl_coef: f64,
+    /// Coefficient of the entropy bonus (0: entropy is only a metric).
+    pub entropy_coef: f64,
+    /// Cap of truncated importance sampling of rollout against recomputed old logprobs (`null`:
+    /// off).
+    pub tis_cap: Option<f64>,
+    /// Drop groups whose rewards are all equal, over-sampling prompts to keep the batch full.
+    pub filter_groups: bool,
+    /// Keep observation tokens out of the loss (false reproduces the Search-R1 ablation).
+    pub mask_observations: bool,
+    /// PPO epochs over each batch.
+    pub ppo_epochs: u32,
+}
+
+impl Default for AlgorithmConfig {
+    fn default() -> Self {
+        AlgorithmConfig {
+            advantage: AdvantageEstimator::Grpo,
+            gamma: 1.0,
+            lam: 1.0,
+            clip_ratio_low: 0.2,
+            clip_ratio_high: 0.2,
+            clip_ratio_c: 3.0,
+            loss_agg_mode: LossAggMode::TokenMean,
+            kl_loss: Some(KlEstimator::LowVarKl),
+            kl_coef: 0.001,
+            entropy_coef: 0.0,
+            tis_cap: None,
+            filter_groups: false,
+            mask_observations: true,
+            ppo_epochs: 1,
+        }
+    }
+}
+
+/// The critic (value model) of PPO.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct CriticConfig {
+    /// Its optimiser (Search-R1 uses a learning rate of 1e-5).
+    pub optim: OptimConfig,
+    /// Steps in which only the critic learns.
+    pub warmup_steps: u64,
+    /// Clip of the value update around the old values.
+    pub cliprange_value: f64,
+    /// Coefficient of the value loss.
+    pub value_loss_coef: f64,
+}
+
+impl Default for CriticConfig {
+    fn default() -> Self {
+        CriticConfig {
+            optim: OptimConfig { lr: 1e-5, ..OptimConfig::default() },
+            warmup_steps: 0,
+            cliprange_value: 0.5,
+            value_loss_coef: 0.5,
+        }
+    }
+}
+
+/// Learning-rate schedules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// Linear warm-up, then constant.
+    #[default]
+    Constant,
+    /// Linear warm-up, then cosine decay to `min_lr_ratio * lr`.
+    Cosine,
+}
+
+/// AdamW and its schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimConfig {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Adam's beta1.
+    pub beta1: f64,
+    /// Adam's beta2.
+    pub beta2: f64,
+    /// Adam's epsilon.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Share of `total_steps` spent warming up linearly from 0.
+    pub warmup_ratio: f64,
+    /// The schedule after warm-up.
+    pub schedule: Schedule,
+    /// Floor of the cosine schedule as a share of `lr`.
+    pub min_lr_ratio: f64,
+    /// Clip of the global gradient norm (0: off).
+    pub grad_clip: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        OptimConfig {
+            lr: 1e-6,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            warmup_ratio: 0.0,
+            schedule: Schedule::Constant,
+            min_lr_ratio: 0.0,
+            grad_clip: 1.0,
+        }
+    }
+}
+
+/// Batch sizes, counted in prompts (a prompt yields `n` trajectories).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Prompts per optimisation step (verl's `train_batch_size`).
+    pub prompts: usize,
+    /// Trajectories per prompt (the group size).
+    pub n: usize,
+    /// Prompts per optimiser update (verl's `ppo_mini_batch_size`); a step makes
+    /// `prompts / mini_batch_prompts` updates per PPO epoch.
+    pub mini_batch_prompts: usize,
+    /// Trajectories per forward/backward pass; gradients accumulate over a mini-batch.
+    pub micro_batch_size: usize,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig { prompts: 512, n: 5, mini_batch_prompts: 256, micro_batch_size: 8 }
+    }
+}
+
+/// Sampling of rollouts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct Sampling {
+    /// Softmax temperature of training rollouts (evaluation is greedy).
+    pub temperature: f64,
+    /// Nucleus sampling.
+    pub top_p: f64,
+    /// Top-k sampling (-1: off).
+    pub top_k: i64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling { temperature: 1.0, top_p: 1.0, top_k: -1 }
+    }
+}
+
+/// Where trajectories come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct RolloutSource {
+    /// RolloutPool URLs (`kart rollout serve`); empty runs an in-process pool with the embedded
+    /// engine.
+    pub urls: Vec<String>,
+    /// In-process pool: a local BM25 index folder searched without HTTP (instead of
+    /// `retriever_url`).
+    pub index: Option<PathBuf>,
+    /// In-process pool: sequences decoded together.
+    pub max_batch: usize,
+    /// The environment and its settings, sent with each request (`kind`: search-r1, asearcher,
+    /// tir).
+    pub env: EnvConfig,
+    /// Sampling of training rollouts.
+    pub sampling: Sampling,
+    /// Policy versions a trajectory may lag behind the trainer (0: synchronous on-policy).
+    pub max_staleness: u64,
+    /// Seconds to wait for one group before the request is retried.
+    pub timeout_secs: f64,
+    /// In-process pool: the tools and engine retries, as a rollout worker takes them
+    /// (`retriever_url`, `tool_timeout_secs`, ...: keys of their own beside these).
+    #[serde(flatten)]
+    pub context: ContextConfig,
+}
+
+impl Default for RolloutSource {
+    fn default() -> Self {
+        RolloutSource {
+            urls: Vec::new(),
+            index: None,
+            max_batch: 64,
+            env: EnvConfig::default(),
+            sampling: Sampling::default(),
+            max_staleness: 0,
+            timeout_secs: 1800.0,
+            context: ContextConfig::default(),
+        }
+    }
+}
+
+/// How rollout engines get new weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WeightSync {
+    /// Workers pull `/weights/{version}` from the trainer (`POST /weights` on each worker).
+    HttpPull {
+        /// The URL workers reach the trainer at (default: `http://{host}:{port}`).
+        advertise_url: Option<String>,
+    },
+    /// Write a Hugging Face folder to a shared path and call SGLang's `/update_weights_from_disk`.
+    SglangDisk {
+        /// Shared folder the SGLang servers see at the same path.
+        path: PathBuf,
+        /// SGLang server URLs.
+        urls: Vec<String>,
+    },
+}
+
+impl Default for WeightSync {
+    fn default() -> Self {
+        WeightSync::HttpPull { advertise_url: None }
+    }
+}
+
+/// Checkpointing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Save every this many steps (0: only at the end).
+    pub every: u64,
+    /// Checkpoints kept (older ones are removed).
+    pub keep: usize,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig { every: 50, keep: 2 }
+    }
+}
+
+/// Evaluation on the held-out split: greedy decoding, and optionally sampling as in training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Evaluate every this many steps (0: only before training and at the end).
+    pub every: u64,
+    /// Held-out prompts used (0: all).
+    pub max_prompts: usize,
+    /// Trajectories per held-out prompt also sampled with the training rollouts' sampling
+    /// parameters (0: greedy only); their mean reward is `eval_sampled/reward`.
+    pub sampled_n: usize,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        EvalConfig { every: 50, max_prompts: 0, sampled_n: 0 }
+    }
+}
+
+impl TrainConfig {
+    /// Checks ranges and cross-field rules serde cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |field, value: &dyn std::fmt::Display, reason| Err(ConfigError::new(field, value, reason));
+        let a = &self.algorithm;
+        let b = &self.batch;
+        if self.model.as_os_str().is_empty() {
+            return err("model", &"\"\"", "a Hugging Face model folder is required");
+        }
+        if self.data.train.as_os_str().is_empty() {
+            return err("data.train", &"\"\"", "a training data file is required");
+        }
+        if !(above(a.clip_ratio_low, 0.0) && a.clip_ratio_low < 1.0) {
+            return err("algorithm.clip_ratio_low", &a.clip_ratio_low, "must be in (0, 1)");
+        }
+        if !above(a.clip_ratio_high, 0.0) {
+            return err("algorithm.clip_ratio_high", &a.clip_ratio_high, "must be positive");
+        }
+        if !above(a.clip_ratio_c, 1.0) {
+            return err("algorithm.clip_ratio_c", &a.clip_ratio_c, "must be greater than 1");
+        }
+        if !(0.0..=1.0).contains(&a.gamma) {
+            return err("algorithm.gamma", &a.gamma, "must be in [0, 1]");
+        }
+        if !(0.0..=1.0).contains(&a.lam) {
+            return err("algorithm.lam", &a.lam, "must be in [0, 1]");
+        }
+        if !at_least(a.kl_coef, 0.0) {
+            return err("algorithm.kl_coef", &a.kl_coef, "must be >= 0");
+        }
+        if let Some(cap) = a.tis_cap
+            && !at_least(cap, 1.0)
+        {
+            return err("algorithm.tis_cap", &cap, "must be >= 1");
+        }
+        if a.ppo_epochs == 0 {
+            return err("algorithm.ppo_epochs", &a.ppo_epochs, "must be at least 1");
+        }
+        if b.n == 0 {
+            return err("batch.n", &b.n, "must be at least 1");
+        }
+        if matches!(a.advantage, AdvantageEstimator::Rloo) && b.n < 2 {
+            return err("batch.n", &b.n, "rloo needs at least 2 trajectories per prompt");
+        }
+        if b.prompts == 0 {
+            return err("batch.prompts", &b.prompts, "must be at least 1");
+        }
+        if b.mini_batch_prompts == 0 || !b.prompts.is_multiple_of(b.mini_batch_prompts) {
+            return err("batch.mini_batch_prompts", &b.mini_batch_prompts, "must divide batch.prompts");
+        }
+        if b.micro_batch_size == 0 {
+            return err("batch.micro_batch_size", &b.micro_batch_size, "must be at least 1");
+        }
+        for (field, o) in [("optim", &self.optim), ("critic.optim", &self.critic.optim)] {
+            if !at_least(o.lr, 0.0) {
+                return err(
+                    if field == "optim" { "optim.lr" } else { "critic.optim.lr" },
+                    &o.lr,
+                    "must be >= 0",
+                );
+            }
+            if !(0.0..1.0).contains(&o.warmup_ratio) {
+                return err(
+                    if field == "optim" { "optim.warmup_ratio" } else { "critic.optim.warmup_ratio" },
+                    &o.warmup_ratio,
+                    "must be in [0, 1)",
+                );
+            }
+        }
+        if !above(self.critic.cliprange_value, 0.0) {
+            return err("critic.cliprange_value", &self.critic.cliprange_value, "must be positive");
+        }
+        if !above(self.rollout.sampling.temperature, 0.0) {
+            return err(
+                "rollout.sampling.temperature",
+                &self.rollout.sampling.temperature,
+                "must be positive",
+            );
+        }
+        if self.rollout.urls.is_empty()
+            && self.rollout.context.retriever_url.is_none()
+            && self.rollout.index.is_none()
+            && !matches!(self.rollout.env, EnvConfig::Tir(_))
+        {
+            return err(
+                "rollout.index",
+                &"null",
+                "an in-process pool needs rollout.index or rollout.retriever_url (or set rollout.urls)",
+            );
+        }
+        self.rollout.context.validate().map_err(|e| e.within("rollout"))
+    }
+}
+
+/// `x` is finite and greater than `min`.
+fn above(x: f64, min: f64) -> bool {
+    x.is_finite() && x > min
+}
+
+/// `x` is finite and at least `min`.
+fn at_least(x: f64, min: f64) -> bool {
+    x.is_finite() && x >= min
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid() -> TrainConfig {
+        TrainConfig {
+            model: "/m".into(),
+            data: DataConfig { train: "/d.parquet".into(), ..DataConfig::default() },
+            rollout: RolloutSource { urls: vec!["http://pool:8001".into()], ..RolloutSource::default() },
+            ..TrainConfig::default()
+        }
+    }
+
+    #[test]
+    fn defaults_follow_verl_and_search_r1() {
+        let c: TrainConfig =
+            serde_json::from_str(r#"{"model": "/m", "data": {"train": "t.parquet"}}"#).unwrap();
+        assert_eq!(c.algorithm.kl_loss, Some(KlEstimator::LowVarKl));
+        assert_eq!(c.algorithm.kl_coef, 0.001);
+        assert_eq!(c.algorithm.clip_ratio_c, 3.0);
+        assert_eq!(c.critic.cliprange_value, 0.5);
+        assert!(c.algorithm.mask_observations);
+        assert_eq!(c.weight_sync, WeightSync::HttpPull { advertise_url: None });
+    }
+
+    #[test]
+    fn unknown_keys_and_values_are_named() {
+        let e = serde_json::from_str::<TrainConfig>(r#"{"algorithm": {"advantage": "ppo2"}}"#).unwrap_err();
+        assert!(e.to_string().contains("ppo2"), "{e}");
+        let e = serde_json::from_str::<TrainConfig>(r#"{"batch": {"size": 3}}"#).unwrap_err();
+        assert!(e.to_string().contains("size"), "{e}");
+    }
+
+    #[test]
+    fn estimators_parse_from_their_config_names() {
+        assert_eq!("drgrpo".parse::<AdvantageEstimator>().unwrap(), AdvantageEstimator::Drgrpo);
+        assert_eq!("gae".parse::<AdvantageEstimator>().unwrap(), AdvantageEstimator::Gae);
+        let e = "ppo2".parse::<AdvantageEstimator>().unwrap_err().to_string();
+        assert!(e.contains("ppo2") && e.contains("grpo"), "{e}");
+    }
+
+    #[test]
+    fn the_in_process_pool_takes_a_workers_tool_keys() {
+        let c: TrainConfig = serde_json::from_str(
+            r#"{"rollout": {"retriever_url": "http://r:8000", "tool_timeout_secs": 5, "search_cache_entries": 7,
+                            "retry": {"retries": 1, "backoff_ms": 2}, "env": {"kind": "tir"}}}"#,
+        )
+        .unwrap();
+        let context = &c.rollout.context;
+        assert_eq!(context.retriever_url.as_deref(), Some("http://r:8000"));
+        assert_eq!((context.tool_timeout_secs, context.search_cache_entries), (5.0, 7));
+        assert_eq!((context.retry.retries, context.retry.backoff_ms), (1, 2));
+        assert!(matches!(c.rollout.env, EnvConfig::Tir(_)));
+        let e = serde_json::from_str::<TrainConfig>(r#"{"rollout": {"tool_timeout": 5}}"#).unwrap_err();
+        assert!(e.to_string().contains("tool_timeout"), "{e}");
+        let mut c = valid();
+        c.rollout.context.tool_timeout_secs = 0.0;
+        assert!(c.validate().unwrap_err().to_string().starts_with("rollout.tool_timeout_secs = 0"));
+    }
+
+    #[test]
+    fn validation_names_field_and_value() {
+        assert_eq!(valid().validate(), Ok(()));
+        let mut c = valid();
+        c.algorithm.clip_ratio_low = 1.5;
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "algorithm.clip_ratio_low = 1.5: must be in (0, 1)"
+        );
+        let mut c = valid();
+        c.batch.mini_batch_prompts = 3;
+        assert!(c.validate().unwrap_err().to_string().starts_with("batch.mini_batch_prompts = 3"));
+        let mut c = valid();
+        c.algorithm.advantage = AdvantageEstimator::Rloo;
+        c.batch.n = 1;
+        assert!(c.validate().unwrap_err().to_string().starts_with("batch.n = 1"));
+        let mut c = valid();
+        c.rollout.urls.clear();
+        assert!(c.validate().unwrap_err().to_string().starts_with("rollout.index"));
+        let mut c = valid();
+        c.critic.optim.lr = -1.0;
+        assert!(c.validate().unwrap_err().to_string().starts_with("critic.optim.lr = -1"));
+    }
+}

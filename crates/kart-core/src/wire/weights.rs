@@ -1,0 +1,68 @@
+//! Where a policy version's weights are: what the trainer names and a worker loads.
+
+use super::InvalidField;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Where the weights of a policy version are: the body of `POST /weights` and the `weights` field
+/// of `POST /rollout`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightSource {
+    /// The policy version.
+    pub version: i64,
+    /// A URL serving the safetensors file (the trainer's `/weights/{version}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// A safetensors file, or a folder holding `model.safetensors`, on a shared volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// The trainer attempt (process) that published the version; engines holding weights of
+    /// another attempt load it whatever its number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+}
+
+const ONE_OF: &str = "give exactly one of `url` and `path`";
+
+impl WeightSource {
+    /// Checks the version and that exactly one of `url` (HTTP) and `path` is given.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let invalid = |field: &str, reason: String| Err(InvalidField::new(field, reason));
+        if self.version < 0 {
+            return invalid("version", format!("{} is negative", self.version));
+        }
+        match (&self.url, &self.path) {
+            (Some(url), None) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                invalid("url", format!("`{url}` is not an http(s) URL"))
+            }
+            (Some(_), None) | (None, Some(_)) => Ok(()),
+            _ => invalid("url", ONE_OF.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_name_their_bad_field() {
+        let bad = [
+            (r#"{"version": -1, "url": "http://t/weights/1"}"#, "version"),
+            (r#"{"version": 1}"#, "url"),
+            (r#"{"version": 1, "url": "http://t/w", "path": "/w"}"#, "url"),
+            (r#"{"version": 1, "url": "/weights/1"}"#, "url"),
+        ];
+        for (text, field) in bad {
+            let source: WeightSource = serde_json::from_str(text).unwrap();
+            match source.validate() {
+                Err(InvalidField { field: f, .. }) => assert_eq!(f, field, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let source: WeightSource = serde_json::from_str(r#"{"version": 2, "path": "/w"}"#).unwrap();
+        assert!(source.validate().is_ok());
+        assert!(serde_json::from_str::<WeightSource>(r#"{"version": 2, "uri": "x"}"#).is_err());
+    }
+}

@@ -1,0 +1,232 @@
+//! The embedded engine: a [`CausalLm`] owned by one thread that runs the continuous-batching
+//! [`Scheduler`] over every generation request of the worker, whichever trajectory sent it.
+//!
+//! Requests arrive over a channel and are admitted between decoding steps. New weights are applied
+//! between steps too, once the sequences already running have finished (no admissions meanwhile),
+//! so every generation comes from exactly one policy version.
+
+use crate::scheduler::SchedulerError;
+use crate::{CausalLm, Scheduler};
+use futures::future::BoxFuture;
+use kart_core::engine::{Engine, EngineError, EngineOutput, LoadWeights, LoadWeightsError};
+use kart_core::generation::GenerationRequest;
+use kart_tokenizer::Tokenizer;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use tch::Tensor;
+use tokio::sync::oneshot;
+
+type Reply = oneshot::Sender<Result<EngineOutput, EngineError>>;
+
+/// Named parameter tensors (Hugging Face names) of a new policy version.
+pub type NamedTensors = Vec<(String, Tensor)>;
+
+enum Command {
+    Generate(GenerationRequest, Reply),
+    LoadWeights { tensors: NamedTensors, version: i64, done: oneshot::Sender<Result<(), String>> },
+}
+
+/// A handle to the engine thread; cheap to clone.
+#[derive(Clone)]
+pub struct EmbeddedEngine {
+    commands: mpsc::Sender<Command>,
+}
+
+impl std::fmt::Debug for EmbeddedEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EmbeddedEngine")
+    }
+}
+
+impl EmbeddedEngine {
+    /// Starts the engine thread owning `model`, running at most `max_batch` sequences at once.
+    pub fn spawn(model: CausalLm, tokenizer: Tokenizer, max_batch: usize, version: i64, seed: u64) -> Self {
+        let (commands, inbox) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("kart-engine".into())
+            .spawn(move || {
+                EngineLoop { model, tokenizer, version, scheduler: Scheduler::new(max_batch, seed) }
+                    .run(inbox)
+            })
+            .expect("spawn the engine thread");
+        EmbeddedEngine { commands }
+    }
+
+    /// Replaces the weights with `tensors` (by name) as policy `version`, after the running
+    /// sequences finish. Resolves once the new weights are in place.
+    pub async fn load_tensors(&self, tensors: NamedTensors, version: i64) -> Result<(), LoadWeightsError> {
+        let (done, wait) = oneshot::channel();
+        let stopped = || LoadWeightsError::Rejected(stopped().to_string());
+        self.commands.send(Command::LoadWeights { tensors, version, done }).map_err(|_| stopped())?;
+        wait.await.map_err(|_| stopped())?.map_err(LoadWeightsError::Rejected)
+    }
+}
+
+impl LoadWeights for EmbeddedEngine {
+    fn load_weights(&self, file: PathBuf, version: i64) -> BoxFuture<'_, Result<(), LoadWeightsError>> {
+        Box::pin(async move {
+            let read = |e: &dyn std::fmt::Display| LoadWeightsError::Read(e.to_string());
+            let tensors = tokio::task::spawn_blocking(move || Tensor::read_safetensors(&file))
+                .await
+                .map_err(|e| read(&e))?
+                .map_err(|e| read(&e))?;
+            self.load_tensors(tensors, version).await
+        })
+    }
+}
+
+fn stopped() -> EngineError {
+    EngineError::Unavailable { engine: "embedded".into(), reason: "the engine thread has stopped".into() }
+}
+
+impl Engine for EmbeddedEngine {
+    fn generate(&self, request: GenerationRequest) -> BoxFuture<'_, Result<EngineOutput, EngineError>> {
+        Box::pin(async move {
+            let (reply, wait) = oneshot::channel();
+            self.commands.send(Command::Generate(request, reply)).map_err(|_| stopped())?;
+            wait.await.map_err(|_| stopped())?
+        })
+    }
+
+    fn name(&self) -> &str {
+        "embedded"
+    }
+}
+
+struct EngineLoop {
+    model: CausalLm,
+    tokenizer: Tokenizer,
+    version: i64,
+    scheduler: Scheduler<u64>,
+}
+
+impl EngineLoop {
+    fn run(mut self, inbox: mpsc::Receiver<Command>) {
+        let mut replies: HashMap<u64, Reply> = HashMap::new();
+        let mut next_id = 0u64;
+        let mut pending_load = None;
+        loop {
+            // Block only when there is nothing to do; otherwise take whatever has arrived.
+            let idle = self.scheduler.is_idle() && pending_load.is_none();
+            let first = if idle {
+                match inbox.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                }
+            } else {
+                None
+            };
+            for command in first.into_iter().chain(inbox.try_iter()) {
+                match command {
+                    Command::Generate(request, reply) => {
+                        let id = next_id;
+                        next_id += 1;
+                        match self.scheduler.submit(id, request, &self.model) {
+                            Ok(()) => {
+                                replies.insert(id, reply);
+                            }
+                            Err(e) => {
+                                let _ = reply.send(Err(EngineError::Invalid(e.to_string())));
+                            }
+                        }
+                    }
+                    Command::LoadWeights { tensors, version, done } => {
+                        pending_load = Some((tensors, version, done))
+                    }
+                }
+            }
+            if pending_load.is_some() && self.scheduler.running() == 0 {
+                let (tensors, version, done) = pending_load.take().expect("checked");
+                let result = self.load(&tensors);
+                if result.is_ok() {
+                    self.version = version;
+                }
+                let _ = done.send(result);
+                continue;
+            }
+            self.scheduler.set_admitting(pending_load.is_none());
+            match self.scheduler.step(&self.model, &self.tokenizer) {
+                Ok(finished) => {
+                    for (id, generation) in finished {
+                        if let Some(reply) = replies.remove(&id) {
+                            let _ = reply.send(Ok(EngineOutput { generation, version: self.version }));
+                        }
+                    }
+                }
+                Err(e) => self.fail_all(&mut replies, e),
+            }
+        }
+    }
+
+    /// Copies new parameter values into the model, checking names and shapes.
+    fn load(&mut self, tensors: &NamedTensors) -> Result<(), String> {
+        let mut vars = self.model.var_store().variables();
+        for (name, value) in tensors {
+            let var = vars.get_mut(name).ok_or_else(|| format!("unknown parameter `{name}`"))?;
+            if var.size() != value.size() {
+                return Err(format!("parameter `{name}`: shape {:?}, got {:?}", var.size(), value.size()));
+            }
+            tch::no_grad(|| var.copy_(value));
+        }
+        Ok(())
+    }
+
+    /// A failed step leaves the batch in an unknown state: fail every request and start afresh.
+    fn fail_all(&mut self, replies: &mut HashMap<u64, Reply>, error: SchedulerError) {
+        tracing::error!(%error, "engine step failed");
+        for (_, reply) in replies.drain() {
+            let _ = reply
+                .send(Err(EngineError::Unavailable { engine: "embedded".into(), reason: error.to_string() }));
+        }
+        self.scheduler.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kart_core::generation::SamplingParams;
+
+    /// An engine on the fixture model at version 0.
+    fn engine() -> EmbeddedEngine {
+        let dir = kart_testing::model("tiny-qwen2");
+        let model = CausalLm::load(&dir, tch::Device::Cpu).unwrap();
+        EmbeddedEngine::spawn(model, Tokenizer::load(&dir).unwrap(), 8, 0, 0)
+    }
+
+    /// The version of the weights that generate now.
+    async fn version(engine: &EmbeddedEngine) -> i64 {
+        let request = GenerationRequest {
+            input_ids: vec![1, 2, 3],
+            sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+            max_new_tokens: 2,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+        };
+        engine.generate(request).await.unwrap().version
+    }
+
+    #[tokio::test]
+    async fn loaded_weights_generate_as_their_version() {
+        let engine = engine();
+        let file = kart_testing::model("tiny-qwen2").join("model.safetensors");
+        engine.load_weights(file, 3).await.unwrap();
+        assert_eq!(version(&engine).await, 3);
+    }
+
+    #[tokio::test]
+    async fn unreadable_or_foreign_weights_are_refused_and_change_nothing() {
+        let engine = engine();
+        let garbage = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(garbage.path(), b"not safetensors").unwrap();
+        let err = engine.load_weights(garbage.path().to_path_buf(), 5).await.unwrap_err();
+        assert!(matches!(err, LoadWeightsError::Read(_)), "{err}");
+        // Qwen3 has parameters (q_norm, k_norm) a Qwen2 model does not.
+        let qwen3 = kart_testing::model("tiny-qwen3").join("model.safetensors");
+        let err = engine.load_weights(qwen3, 6).await.unwrap_err();
+        assert!(matches!(err, LoadWeightsError::Rejected(ref r) if r.contains("unknown parameter")), "{err}");
+        assert_eq!(version(&engine).await, 0);
+    }
+}

@@ -1,0 +1,721 @@
+//! The decoder-only transformer of Qwen2, Qwen3 and Llama, computing what transformers computes.
+//!
+//! The three families share one block: RMSNorm, grouped-query attention with rotary embeddings,
+//! RMSNorm, SwiGLU MLP, with residual connections. They differ only in details the config carries:
+//! Qwen2 has biases on q/k/v, Qwen3 normalises each query and key head (RMSNorm over `head_dim`) and
+//! may set `head_dim` explicitly, Llama may use biases everywhere (`attention_bias`, `mlp_bias`).
+//! Parameters live in a [`VarStore`] under their Hugging Face names, so the optimiser trains them in
+//! place and saving writes a folder transformers loads. A model comes from a checkpoint
+//! ([`CausalLm::load`]) or from a seeded random initialisation ([`CausalLm::random`]).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tch::nn::{Path as VarPath, VarStore};
+use tch::{Device, Kind, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kv_cache::KvCache;
+use crate::rope::{self, RotaryEmbedding};
+use crate::weights::Weights;
+
+/// Registers `t` as the trainable variable with the dotted Hugging Face `name` (tch paths cannot hold
+/// dots in a variable name, so each dotted part becomes a sub-path).
+fn var(p: &VarPath, name: &str, t: &Tensor) -> Tensor {
+    let mut parts: Vec<&str> = name.split('.').collect();
+    let leaf = parts.pop().expect("split yields at least one part");
+    match parts.split_first() {
+        Some((first, rest)) => rest.iter().fold(p.sub(first), |path, part| path.sub(part)).var_copy(leaf, t),
+        None => p.var_copy(leaf, t),
+    }
+}
+
+/// Takes the tensor `name` of the expected shape from the checkpoint and registers it as a variable.
+fn param(p: &VarPath, w: &mut Weights, name: &str, shape: &[i64]) -> Result<Tensor, ModelError> {
+    Ok(var(p, name, &w.take(name, shape)?))
+}
+
+/// A linear layer `x W^T + b`.
+#[derive(Debug)]
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn load(
+        p: &VarPath,
+        w: &mut Weights,
+        prefix: &str,
+        out: i64,
+        inp: i64,
+        bias: bool,
+    ) -> Result<Self, ModelError> {
+        let weight = param(p, w, &format!("{prefix}.weight"), &[out, inp])?;
+        let bias = if bias { Some(param(p, w, &format!("{prefix}.bias"), &[out])?) } else { None };
+        Ok(Linear { weight, bias })
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+/// Root-mean-square normalisation, computed in f32 as transformers does.
+#[derive(Debug)]
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn load(p: &VarPath, w: &mut Weights, name: &str, dim: i64, eps: f64) -> Result<Self, ModelError> {
+        let weight = param(p, w, &format!("{name}.weight"), &[dim])?;
+        Ok(RmsNorm { weight, eps })
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let x32 = x.to_kind(Kind::Float);
+        let variance = x32.square().mean_dim(-1, true, Kind::Float);
+        let normed = x32 * (variance + self.eps).rsqrt();
+        &self.weight * normed.to_kind(kind)
+    }
+}
+
+/// Grouped-query self-attention.
+#[derive(Debug)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    /// Qwen3's per-head RMSNorm on queries and keys.
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+}
+
+impl Attention {
+    fn load(p: &VarPath, w: &mut Weights, prefix: &str, c: &ModelConfig) -> Result<Self, ModelError> {
+        let (hidden, heads, kv_heads, head_dim) = (
+            c.hidden_size as i64,
+            c.num_attention_heads as i64,
+            c.num_key_value_heads as i64,
+            c.head_dim as i64,
+        );
+        let (qkv_bias, o_bias) = (c.qkv_bias(), c.o_proj_bias());
+        let qk_norm = if c.qk_norm {
+            Some((
+                RmsNorm::load(p, w, &format!("{prefix}.q_norm"), head_dim, c.rms_norm_eps)?,
+                RmsNorm::load(p, w, &format!("{prefix}.k_norm"), head_dim, c.rms_norm_eps)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Attention {
+            q_proj: Linear::load(p, w, &format!("{prefix}.q_proj"), heads * head_dim, hidden, qkv_bias)?,
+            k_proj: Linear::load(p, w, &format!("{prefix}.k_proj"), kv_heads * head_dim, hidden, qkv_bias)?,
+            v_proj: Linear::load(p, w, &format!("{prefix}.v_proj"), kv_heads * head_dim, hidden, qkv_bias)?,
+            o_proj: Linear::load(p, w, &format!("{prefix}.o_proj"), hidden, heads * head_dim, o_bias)?,
+            qk_norm,
+            heads,
+            kv_heads,
+            head_dim,
+        })
+    }
+
+    /// `x`: `(B, T, hidden)`; `mask`: additive `(B, 1, T, Tk)` or `None` for plain causal attention.
+    fn forward(
+        &self,
+        x: &Tensor,
+        rot: &(Tensor, Tensor),
+        mask: Option<&Tensor>,
+        cache: Option<(&mut KvCache, usize)>,
+    ) -> Tensor {
+        let (b, t, _) = x.size3().expect("(B, T, hidden)");
+        let split = |y: Tensor, n: i64| y.view([b, t, n, self.head_dim]);
+        let (mut q, mut k) =
+            (split(self.q_proj.forward(x), self.heads), split(self.k_proj.forward(x), self.kv_heads));
+        let v = split(self.v_proj.forward(x), self.kv_heads).transpose(1, 2);
+        if let Some((q_norm, k_norm)) = &self.qk_norm {
+            q = q_norm.forward(&q);
+            k = k_norm.forward(&k);
+        }
+        let q = rope::apply(&q.transpose(1, 2), &rot.0, &rot.1);
+        let k = rope::apply(&k.transpose(1, 2), &rot.0, &rot.1);
+        let (k, v) = match cache {
+            Some((cache, layer)) => cache.append(layer, &k, &v),
+            None => (k, v),
+        };
+        // Grouped-query attention without copying keys and values per query head: a single query
+        // per row folds the query heads of each key/value head into that head's query rows
+        // (transformers' `pack_gqa`); longer queries let the kernel share heads (`enable_gqa`).
+        let groups = self.heads / self.kv_heads;
+        let scale = (self.head_dim as f64).powf(-0.5);
+        let out = if t == 1 && groups > 1 {
+            let q = q.reshape([b, self.kv_heads, groups, self.head_dim]);
+            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, false, scale, false).reshape([
+                b,
+                self.heads,
+                1,
+                self.head_dim,
+            ])
+        } else {
+            let causal = mask.is_none() && t > 1;
+            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, causal, scale, groups > 1)
+        };
+        self.o_proj.forward(&out.transpose(1, 2).reshape([b, t, self.heads * self.head_dim]))
+    }
+}
+
+/// The SwiGLU feed-forward block.
+#[derive(Debug)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn load(p: &VarPath, w: &mut Weights, prefix: &str, c: &ModelConfig) -> Result<Self, ModelError> {
+        let (hidden, inter) = (c.hidden_size as i64, c.intermediate_size as i64);
+        Ok(Mlp {
+            gate_proj: Linear::load(p, w, &format!("{prefix}.gate_proj"), inter, hidden, c.mlp_bias)?,
+            up_proj: Linear::load(p, w, &format!("{prefix}.up_proj"), inter, hidden, c.mlp_bias)?,
+            down_proj: Linear::load(p, w, &format!("{prefix}.down_proj"), hidden, inter, c.mlp_bias)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.down_proj.forward(&(self.gate_proj.forward(x).silu() * self.up_proj.forward(x)))
+    }
+}
+
+/// One pre-norm transformer block.
+#[derive(Debug)]
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    fn load(p: &VarPath, w: &mut Weights, i: usize, c: &ModelConfig) -> Result<Self, ModelError> {
+        let prefix = format!("model.layers.{i}");
+        let hidden = c.hidden_size as i64;
+        Ok(DecoderLayer {
+            input_layernorm: RmsNorm::load(
+                p,
+                w,
+                &format!("{prefix}.input_layernorm"),
+                hidden,
+                c.rms_norm_eps,
+            )?,
+            self_attn: Attention::load(p, w, &format!("{prefix}.self_attn"), c)?,
+            post_attention_layernorm: RmsNorm::load(
+                p,
+                w,
+                &format!("{prefix}.post_attention_layernorm"),
+                hidden,
+                c.rms_norm_eps,
+            )?,
+            mlp: Mlp::load(p, w, &format!("{prefix}.mlp"), c)?,
+        })
+    }
+}
+
+/// A causal language model: embeddings, decoder layers, final norm and LM head.
+#[derive(Debug)]
+pub struct CausalLm {
+    config: ModelConfig,
+    vs: VarStore,
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    /// `None` when the head is tied to the embeddings.
+    lm_head: Option<Tensor>,
+    rope: RotaryEmbedding,
+}
+
+impl CausalLm {
+    /// Loads a Hugging Face model folder onto `device`: f32 on the CPU, bf16 on CUDA.
+    pub fn load(dir: &Path, device: Device) -> Result<Self, ModelError> {
+        let config = ModelConfig::load(dir)?;
+        let weights = Weights::load(dir, device, Kind::Float)?;
+        Self::build(config, weights, device)
+    }
+
+    /// A model of `config` with fresh weights, drawn as transformers' `_init_weights` draws them:
+    /// linear and embedding weights from N(0, `initializer_range`²) (the padding token's
+    /// embedding zero), biases zero, RMSNorm weights one. The same seed gives the same weights on
+    /// any device; f32 on the CPU, bf16 on CUDA.
+    pub fn random(config: ModelConfig, device: Device, seed: u64) -> Result<Self, ModelError> {
+        let std = config.initializer_range();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut tensors = HashMap::new();
+        for Parameter { name, shape, init } in parameters(&config) {
+            let options = (Kind::Float, device);
+            let tensor = match init {
+                Init::Normal => {
+                    let numel = shape.iter().product::<i64>() as usize;
+                    Tensor::from_slice(&normal(&mut rng, numel, std)).view(shape.as_slice()).to_device(device)
+                }
+                Init::Zeros => Tensor::zeros(shape.as_slice(), options),
+                Init::Ones => Tensor::ones(shape.as_slice(), options),
+            };
+            tensors.insert(name, tensor);
+        }
+        if let Some(pad) = config.pad_token_id.filter(|&id| (0..config.vocab_size as i64).contains(&id)) {
+            let embed = &tensors["model.embed_tokens.weight"];
+            let _ = embed.get(pad).zero_();
+        }
+        let weights = Weights::from_tensors(PathBuf::from("(random initialisation)"), tensors);
+        Self::build(config, weights, device)
+    }
+
+    /// The model of `config` with all of `weights`, in the kind of `device` (see [`Self::load`]).
+    fn build(config: ModelConfig, mut weights: Weights, device: Device) -> Result<Self, ModelError> {
+        let mut model = Self::from_weights(config, &mut weights, device)?;
+        weights.finish()?;
+        if device.is_cuda() {
+            model.vs.set_kind(Kind::BFloat16);
+        }
+        Ok(model)
+    }
+
+    /// Builds the model from loaded weights (f32 variables on `device`).
+    pub fn from_weights(config: ModelConfig, w: &mut Weights, device: Device) -> Result<Self, ModelError> {
+        let vs = VarStore::new(device);
+        let p = vs.root();
+        let (vocab, hidden) = (config.vocab_size as i64, config.hidden_size as i64);
+        let embed_tokens = param(&p, w, "model.embed_tokens.weight", &[vocab, hidden])?;
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| DecoderLayer::load(&p, w, i, &config))
+            .collect::<Result<_, _>>()?;
+        let norm = RmsNorm::load(&p, w, "model.norm", hidden, config.rms_norm_eps)?;
+        let lm_head = match config.tie_word_embeddings {
+            true => None,
+            false => Some(param(&p, w, "lm_head.weight", &[vocab, hidden])?),
+        };
+        let rope = RotaryEmbedding::new(config.head_dim, config.rope.theta, &config.rope.scaling, device);
+        Ok(CausalLm { config, vs, embed_tokens, layers, norm, lm_head, rope })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The parameters, for optimisers, copying and saving.
+    pub fn var_store(&self) -> &VarStore {
+        &self.vs
+    }
+
+    /// Mutable access to the parameters (loading new weights, changing their kind).
+    pub fn var_store_mut(&mut self) -> &mut VarStore {
+        &mut self.vs
+    }
+
+    /// The device the parameters live on.
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    /// The floating-point kind of the parameters.
+    pub fn kind(&self) -> Kind {
+        self.embed_tokens.kind()
+    }
+
+    /// The parameters under their Hugging Face names, sorted (a tied head is the embedding).
+    pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut named: Vec<_> = self.vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    }
+
+    /// A fresh cache for `batch` sequences.
+    pub fn new_cache(&self, batch: i64) -> KvCache {
+        let c = &self.config;
+        KvCache::new(
+            c.num_hidden_layers,
+            batch,
+            c.num_key_value_heads as i64,
+            c.head_dim as i64,
+            self.kind(),
+            self.device(),
+        )
+    }
+
+    /// Runs the decoder and returns the final hidden states `(B, T, hidden)`.
+    ///
+    /// `input_ids` and `positions` are `(B, T)` int64. `valid` `(B, T)` marks real tokens (false for
+    /// padding); `None` means all are real. With a cache, the new tokens attend to everything cached
+    /// before and their keys and values are appended to it; rows are right-aligned (pad on the left).
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        valid: Option<&Tensor>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        let (b, t) = input_ids.size2().expect("input_ids is (B, T)");
+        let kind = self.kind();
+        // Plain causal attention (no explicit mask) when nothing is padding and the queries are either
+        // a single new token or all the keys there are.
+        let mask = match cache.as_deref_mut() {
+            Some(cache) => {
+                let new_valid = match valid {
+                    Some(v) => v.to_kind(Kind::Bool),
+                    None => Tensor::ones([b, t], (Kind::Bool, input_ids.device())),
+                };
+                cache.push_columns(&new_valid);
+                let keys = cache.valid();
+                let plain = (t == 1 || cache.len() == t) && all_true(&keys);
+                (!plain).then(|| attention_mask(&keys, t, kind))
+            }
+            None => valid
+                .map(|v| v.to_kind(Kind::Bool))
+                .filter(|v| !all_true(v))
+                .map(|v| attention_mask(&v, t, kind)),
+        };
+        let rot = self.rope.cos_sin(positions);
+        let mut h = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let residual = &h;
+            let attn_in = layer.input_layernorm.forward(residual);
+            let attn =
+                layer.self_attn.forward(&attn_in, &rot, mask.as_ref(), cache.as_deref_mut().map(|c| (c, i)));
+            let h1 = residual + attn;
+            let mlp = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1));
+            h = h1 + mlp;
+        }
+        self.norm.forward(&h)
+    }
+
+    /// Full-vocabulary logits `(…, vocab)` of hidden states `(…, hidden)`.
+    pub fn lm_head(&self, hidden: &Tensor) -> Tensor {
+        hidden.matmul(&self.lm_head_weight().tr())
+    }
+
+    /// The logits a generation engine samples from: [`Self::lm_head`] of hidden states
+    /// `(rows, hidden)`, without gradients. For f32 on the CPU the product runs through oneDNN,
+    /// whose kernels beat the default BLAS on a wide vocabulary (the results agree to rounding).
+    pub fn next_token_logits(&self, hidden: &Tensor) -> Tensor {
+        let weight = self.lm_head_weight();
+        tch::no_grad(|| {
+            if hidden.device() == Device::Cpu && hidden.kind() == Kind::Float && tch::utils::has_mkldnn() {
+                let hidden = hidden.contiguous().g_to_mkldnn(None::<Kind>);
+                hidden.mkldnn_linear(weight, None::<Tensor>).to_dense(None::<Kind>, false)
+            } else {
+                self.lm_head(hidden)
+            }
+        })
+    }
+
+    /// The LM head's weight `(vocab, hidden)`.
+    pub fn lm_head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+}
+
+/// How [`CausalLm::random`] initialises a parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Init {
+    Normal,
+    Zeros,
+    Ones,
+}
+
+/// One parameter of a model: its Hugging Face name, shape and initialisation.
+#[derive(Debug)]
+pub(super) struct Parameter {
+    pub(super) name: String,
+    pub(super) shape: Vec<i64>,
+    pub(super) init: Init,
+}
+
+/// Every parameter of a model of `config`, in the order random weights are drawn in. A tied head
+/// has no parameter of its own.
+pub(super) fn parameters(c: &ModelConfig) -> Vec<Parameter> {
+    let [vocab, hidden, inter, heads, kv_heads, head_dim] = [
+        c.vocab_size,
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+    ]
+    .map(|n| n as i64);
+    let mut parameters = Vec::new();
+    let mut push =
+        |name: String, shape: Vec<i64>, init: Init| parameters.push(Parameter { name, shape, init });
+    push("model.embed_tokens.weight".to_owned(), vec![vocab, hidden], Init::Normal);
+    for i in 0..c.num_hidden_layers {
+        let layer = |name: &str| format!("model.layers.{i}.{name}");
+        push(layer("input_layernorm.weight"), vec![hidden], Init::Ones);
+        for (proj, out) in [("q", heads), ("k", kv_heads), ("v", kv_heads)] {
+            push(layer(&format!("self_attn.{proj}_proj.weight")), vec![out * head_dim, hidden], Init::Normal);
+            if c.qkv_bias() {
+                push(layer(&format!("self_attn.{proj}_proj.bias")), vec![out * head_dim], Init::Zeros);
+            }
+        }
+        if c.qk_norm {
+            push(layer("self_attn.q_norm.weight"), vec![head_dim], Init::Ones);
+            push(layer("self_attn.k_norm.weight"), vec![head_dim], Init::Ones);
+        }
+        push(layer("self_attn.o_proj.weight"), vec![hidden, heads * head_dim], Init::Normal);
+        if c.o_proj_bias() {
+            push(layer("self_attn.o_proj.bias"), vec![hidden], Init::Zeros);
+        }
+        push(layer("post_attention_layernorm.weight"), vec![hidden], Init::Ones);
+        for (proj, shape) in [("gate", [inter, hidden]), ("up", [inter, hidden]), ("down", [hidden, inter])] {
+            push(layer(&format!("mlp.{proj}_proj.weight")), shape.to_vec(), Init::Normal);
+            if c.mlp_bias {
+                push(layer(&format!("mlp.{proj}_proj.bias")), vec![shape[0]], Init::Zeros);
+            }
+        }
+    }
+    push("model.norm.weight".to_owned(), vec![hidden], Init::Ones);
+    if !c.tie_word_embeddings {
+        push("lm_head.weight".to_owned(), vec![vocab, hidden], Init::Normal);
+    }
+    parameters
+}
+
+/// `n` samples of N(0, std²) by the Box-Muller transform.
+fn normal(rng: &mut ChaCha8Rng, n: usize, std: f64) -> Vec<f32> {
+    let mut samples = Vec::with_capacity(n + 1);
+    while samples.len() < n {
+        let u1 = 1.0 - rng.random::<f64>(); // in (0, 1], so the logarithm is finite
+        let u2 = rng.random::<f64>();
+        let radius = std * (-2.0 * u1.ln()).sqrt();
+        let (sin, cos) = (std::f64::consts::TAU * u2).sin_cos();
+        samples.extend([(radius * cos) as f32, (radius * sin) as f32]);
+    }
+    samples.truncate(n);
+    samples
+}
+
+/// Whether every entry of a bool tensor is true.
+fn all_true(t: &Tensor) -> bool {
+    bool::try_from(t.all()).expect("a bool scalar")
+}
+
+/// Additive attention mask `(B, 1, T, Tk)` for `t` queries occupying the last `t` of the `Tk` key
+/// columns: a query sees real keys at or before its own column. Masked entries hold the dtype's
+/// lowest finite value rather than -inf, so rows of padding queries stay finite (as transformers).
+fn attention_mask(valid_keys: &Tensor, t: i64, kind: Kind) -> Tensor {
+    let (b, tk) = valid_keys.size2().expect("(B, Tk)");
+    let device = valid_keys.device();
+    let query_cols = Tensor::arange_start(tk - t, tk, (Kind::Int64, device)).view([t, 1]);
+    let key_cols = Tensor::arange(tk, (Kind::Int64, device)).view([1, tk]);
+    let causal = key_cols.le_tensor(&query_cols).view([1, 1, t, tk]);
+    let allowed = causal.logical_and(&valid_keys.view([b, 1, 1, tk]));
+    let lowest = match kind {
+        Kind::BFloat16 => -3.389_531_389_251_535e38,
+        Kind::Half => -65504.0,
+        _ => f32::MIN as f64,
+    };
+    Tensor::zeros([b, 1, t, tk], (kind, device)).masked_fill(&allowed.logical_not(), lowest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(rows: &[&[i64]]) -> Tensor {
+        let width = rows[0].len() as i64;
+        Tensor::from_slice(&rows.concat()).view([rows.len() as i64, width])
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    #[test]
+    fn parameters_keep_their_hugging_face_names() {
+        let model = CausalLm::load(&kart_testing::model("tiny-llama"), Device::Cpu).unwrap();
+        let names: Vec<String> = model.named_tensors().into_iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"model.embed_tokens.weight".to_string()), "{names:?}");
+        assert!(names.contains(&"model.layers.1.self_attn.o_proj.weight".to_string()));
+        assert!(names.contains(&"lm_head.weight".to_string()), "llama's head is untied");
+        let tied = CausalLm::load(&kart_testing::model("tiny-qwen3"), Device::Cpu).unwrap();
+        let names: Vec<String> = tied.named_tensors().into_iter().map(|(n, _)| n).collect();
+        assert!(!names.contains(&"lm_head.weight".to_string()));
+        assert!(names.contains(&"model.layers.0.self_attn.q_norm.weight".to_string()));
+    }
+
+    #[test]
+    fn padded_batch_matches_unpadded_rows() {
+        for name in ["tiny-qwen2", "tiny-qwen3", "tiny-llama"] {
+            let model = CausalLm::load(&kart_testing::model(name), Device::Cpu).unwrap();
+            tch::no_grad(|| {
+                let long = ids(&[&[5, 9, 17, 33, 2, 8]]);
+                let short = ids(&[&[40, 41, 42]]);
+                let run = |x: &Tensor| {
+                    let t = x.size()[1];
+                    model.lm_head(&model.forward(
+                        x,
+                        &Tensor::arange(t, (Kind::Int64, Device::Cpu)).view([1, t]),
+                        None,
+                        None,
+                    ))
+                };
+                let batch = ids(&[&[5, 9, 17, 33, 2, 8], &[0, 0, 0, 40, 41, 42]]);
+                let valid = Tensor::from_slice(&[
+                    true, true, true, true, true, true, false, false, false, true, true, true,
+                ])
+                .view([2, 6]);
+                let positions = ids(&[&[0, 1, 2, 3, 4, 5], &[0, 0, 0, 0, 1, 2]]);
+                let both = model.lm_head(&model.forward(&batch, &positions, Some(&valid), None));
+                assert!(max_diff(&both.narrow(0, 0, 1), &run(&long)) < 1e-4, "{name}: row 0");
+                assert!(
+                    max_diff(&both.narrow(0, 1, 1).narrow(1, 3, 3), &run(&short)) < 1e-4,
+                    "{name}: row 1"
+                );
+            });
+        }
+    }
+
+    #[test]
+    fn cached_decoding_matches_full_forward() {
+        for name in ["tiny-qwen2", "tiny-qwen3", "tiny-llama"] {
+            let model = CausalLm::load(&kart_testing::model(name), Device::Cpu).unwrap();
+            tch::no_grad(|| {
+                // Two rows of different prompt lengths, right-aligned, then three decoding steps.
+                let rows: [&[i64]; 2] =
+                    [&[3, 14, 15, 92, 65, 35, 89, 79, 32], &[0, 0, 0, 0, 0, 0, 27, 18, 28]];
+                let full = ids(&rows);
+                let valid_row = |r: &[i64], pad: usize| (0..r.len()).map(move |i| i >= pad);
+                let valid: Vec<bool> = valid_row(rows[0], 0).chain(valid_row(rows[1], 6)).collect();
+                let valid = Tensor::from_slice(&valid).view([2, 9]);
+                let positions = ids(&[&[0, 1, 2, 3, 4, 5, 6, 7, 8], &[0, 0, 0, 0, 0, 0, 0, 1, 2]]);
+                let reference = model.lm_head(&model.forward(&full, &positions, Some(&valid), None));
+
+                let mut cache = model.new_cache(2);
+                let prefill = 6;
+                let h = model.forward(
+                    &full.narrow(1, 0, prefill),
+                    &positions.narrow(1, 0, prefill),
+                    Some(&valid.narrow(1, 0, prefill)),
+                    Some(&mut cache),
+                );
+                let mut got = vec![model.lm_head(&h)];
+                for step in prefill..9 {
+                    let h = model.forward(
+                        &full.narrow(1, step, 1),
+                        &positions.narrow(1, step, 1),
+                        Some(&valid.narrow(1, step, 1)),
+                        Some(&mut cache),
+                    );
+                    got.push(model.lm_head(&h));
+                }
+                let got = Tensor::cat(&got, 1);
+                // Row 1's first six columns are padding; compare only real positions.
+                assert!(max_diff(&got.narrow(0, 0, 1), &reference.narrow(0, 0, 1)) < 1e-4, "{name}: row 0");
+                assert!(
+                    max_diff(
+                        &got.narrow(0, 1, 1).narrow(1, 6, 3),
+                        &reference.narrow(0, 1, 1).narrow(1, 6, 3)
+                    ) < 1e-4,
+                    "{name}: row 1"
+                );
+            });
+        }
+    }
+
+    fn small_qwen2() -> ModelConfig {
+        ModelConfig::qwen2(crate::QwenSizes {
+            vocab_size: 500,
+            hidden_size: 64,
+            intermediate_size: 96,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            max_position_embeddings: 128,
+            tie_word_embeddings: false,
+            initializer_range: 0.02,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn random_weights_follow_transformers_init() {
+        let config = small_qwen2();
+        let model = CausalLm::random(config.clone(), Device::Cpu, 7).unwrap();
+        let named = model.named_tensors();
+        let mut expected: Vec<(String, Vec<i64>)> =
+            parameters(&config).into_iter().map(|p| (p.name, p.shape)).collect();
+        expected.sort();
+        assert_eq!(named.iter().map(|(n, t)| (n.clone(), t.size())).collect::<Vec<_>>(), expected);
+        for (name, tensor) in &named {
+            let (mean, std) =
+                (tensor.mean(Kind::Float).double_value(&[]), tensor.std(true).double_value(&[]));
+            if name.ends_with("norm.weight") {
+                assert_eq!((mean, std), (1.0, 0.0), "{name}");
+            } else if name.ends_with(".bias") {
+                assert_eq!((mean, std), (0.0, 0.0), "{name}");
+            } else {
+                assert!(mean.abs() < 2e-3 && (std - 0.02).abs() < 1e-3, "{name}: mean {mean}, std {std}");
+            }
+        }
+        // Seeded: the same seed gives the same weights, another seed others.
+        let same = CausalLm::random(config.clone(), Device::Cpu, 7).unwrap();
+        let other = CausalLm::random(config, Device::Cpu, 8).unwrap();
+        for ((name, a), ((_, b), (_, c))) in
+            named.iter().zip(same.named_tensors().iter().zip(&other.named_tensors()))
+        {
+            assert!(a.equal(b), "{name}");
+            assert!(name.contains("norm") || name.ends_with(".bias") || !a.equal(c), "{name}");
+        }
+    }
+
+    #[test]
+    fn random_weights_zero_the_padding_embedding() {
+        let mut value: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(kart_testing::model("tiny-llama").join("config.json")).unwrap(),
+        )
+        .unwrap();
+        value["pad_token_id"] = serde_json::json!(5);
+        let config = ModelConfig::from_json(&value, std::path::Path::new("config.json")).unwrap();
+        let model = CausalLm::random(config, Device::Cpu, 0).unwrap();
+        let embed =
+            model.named_tensors().into_iter().find(|(n, _)| n == "model.embed_tokens.weight").unwrap().1;
+        assert_eq!(embed.get(5).abs().sum(Kind::Float).double_value(&[]), 0.0);
+        assert!(embed.get(4).abs().sum(Kind::Float).double_value(&[]) > 0.0);
+    }
+
+    #[test]
+    fn next_token_logits_agree_with_the_head() {
+        for name in ["tiny-qwen2", "tiny-llama"] {
+            let model = CausalLm::load(&kart_testing::model(name), Device::Cpu).unwrap();
+            let hidden = Tensor::randn([5, 64], (Kind::Float, Device::Cpu));
+            let logits = model.next_token_logits(&hidden);
+            assert_eq!(logits.size(), [5, 366]);
+            assert!(!logits.requires_grad());
+            assert!(max_diff(&logits, &model.lm_head(&hidden)) < 1e-5, "{name}");
+        }
+    }
+
+    #[test]
+    fn missing_tensor_is_named() {
+        let dir = std::env::temp_dir().join(format!("kart-missing-tensor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["config.json", "tokenizer.json"] {
+            std::fs::copy(kart_testing::model("tiny-qwen2").join(f), dir.join(f)).unwrap();
+        }
+        let mut tensors =
+            Tensor::read_safetensors(kart_testing::model("tiny-qwen2").join("model.safetensors")).unwrap();
+        tensors.retain(|(n, _)| n != "model.layers.1.mlp.up_proj.weight");
+        Tensor::write_safetensors(&tensors, dir.join("model.safetensors")).unwrap();
+        let err = CausalLm::load(&dir, Device::Cpu).unwrap_err().to_string();
+        assert!(err.contains("model.layers.1.mlp.up_proj.weight"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

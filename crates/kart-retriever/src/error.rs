@@ -1,0 +1,29 @@
+//! The retriever's error type.
+
+use std::path::PathBuf;
+
+/// An error building, opening or querying a retriever.
+#[derive(Debug, thiserror::Error)]
+pub enum RetrieverError {
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// A corpus row is not valid JSON or lacks the fields of the Search-R1 corpus format.
+    #[error("{path}:{line}: {reason}")]
+    Corpus { path: PathBuf, line: u64, reason: String },
+    /// The index folder is missing, incomplete, or of another kind.
+    #[error("{path}: {reason}")]
+    Index { path: PathBuf, reason: String },
+    /// tantivy failed.
+    #[error("index {path}: {source}")]
+    Tantivy { path: PathBuf, source: tantivy::TantivyError },
+    /// A request is invalid; names the field and the value.
+    #[error("{field}: {reason}")]
+    BadRequest { field: &'static str, reason: String },
+    /// An upstream service (Serper, Jina, a web page) failed after retries. Never contains keys.
+    #[error("{service}: {reason}")]
+    Upstream { service: &'static str, reason: String },
+    /// The dense encoder failed.
+    #[error(transparent)]
+    Model(#[from] kart_model::ModelError),
+}

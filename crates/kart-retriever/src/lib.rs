@@ -1,0 +1,58 @@
+//! The retriever: Search-R1's `/retrieve` API over a local BM25 index (tantivy), a dense index
+//! (a BERT-family encoder and exact inner-product search), or online web search, plus page access
+//! for ASearcher's `<access>` tool.
+//!
+//! - [`corpus`]: streaming reader of the Search-R1 corpus format (JSON lines, optionally gzipped);
+//! - [`docstore`]: the documents stored beside every local index;
+//! - [`bm25`]: building and searching the BM25 index, with top-k by window-max MaxScore (`max_score`);
+//! - [`encoder`] and [`dense`]: sentence embeddings and the flat inner-product index;
+//! - [`online`]: Serper web search and page reading (Jina reader or direct fetch), cached;
+//! - [`server`]: the HTTP service.
+//!
+//! Local indexes implement [`LocalIndex`]; the server runs their CPU-bound searches off the async
+//! runtime, online backends run as async clients. [`InProcess`] is a local index as an
+//! environment's search tool, without HTTP (as `kart local` and the trainer's in-process pool use
+//! it). The retriever's configuration is [`kart_core::config::retriever`].
+
+pub mod bm25;
+pub mod corpus;
+pub mod dense;
+pub mod docstore;
+pub mod encoder;
+mod error;
+mod in_process;
+pub mod max_score;
+pub mod online;
+pub mod server;
+
+pub use error::RetrieverError;
+pub use in_process::InProcess;
+
+use kart_core::agent::search_r1::RetrievalResult;
+use kart_core::config::retriever::Method;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A local index answering batches of queries synchronously (BM25, dense).
+pub trait LocalIndex: Send + Sync {
+    /// The `topk` best documents for each query, best first.
+    fn search_batch(
+        &self,
+        queries: &[String],
+        topk: usize,
+    ) -> Result<Vec<Vec<RetrievalResult>>, RetrieverError>;
+    /// Number of documents indexed.
+    fn num_docs(&self) -> u64;
+}
+
+/// The local index of `method` in `dir` (dense indexes encode queries on CUDA when available).
+pub fn open_local(dir: &Path, method: Method) -> Result<Arc<dyn LocalIndex>, RetrieverError> {
+    Ok(match method {
+        Method::Bm25 => Arc::new(bm25::Bm25Index::open(dir)?),
+        Method::Dense => Arc::new(dense::DenseIndex::open(dir, tch::Device::cuda_if_available())?),
+        Method::Serper => {
+            let reason = "serper searches online; a local index is bm25 or dense".into();
+            return Err(RetrieverError::BadRequest { field: "method", reason });
+        }
+    })
+}

@@ -1,0 +1,287 @@
+//! Page reading for ASearcher's `<access>` tool: the Jina reader (`GET {jina_url}/{url}` with
+//! `Authorization: Bearer KEY`) when a key is set, as in ASearcher's `OnlineSearchClient.access`,
+//! else a direct `GET` of the page, HTML converted to text and other text passed through.
+
+use super::cache::Cache;
+use super::upstream::{ApiKey, Upstream};
+use crate::RetrieverError;
+use futures::future::join_all;
+use kart_core::config::retriever::OnlineConfig;
+use prometheus::Registry;
+use reqwest::Url;
+use reqwest::header::AUTHORIZATION;
+use std::fmt;
+
+/// Lines of converted HTML are wrapped at this many columns: wide enough to leave paragraphs whole.
+const TEXT_WIDTH: usize = 10_000;
+
+/// Reads web pages as text, with caching, a concurrency limit, timeouts and retries.
+pub struct PageReader {
+    via: Via,
+    upstream: Upstream,
+    cache: Cache<String, String>,
+}
+
+/// How pages are read.
+#[derive(Debug)]
+enum Via {
+    /// Through the Jina reader at this base URL (without a trailing slash).
+    Jina { base: String, api_key: ApiKey },
+    /// Directly from the page's server.
+    Web,
+}
+
+/// How a directly fetched body becomes text, by its media type.
+enum Format {
+    Html,
+    Text,
+}
+
+impl PageReader {
+    /// A reader through the Jina reader at `config.jina_url` when `jina_key` (`JINA_API_KEY`) is
+    /// set and not blank, else by direct fetches; its metrics registered into `registry`.
+    pub fn new(
+        config: &OnlineConfig,
+        jina_key: Option<String>,
+        registry: &Registry,
+    ) -> Result<Self, RetrieverError> {
+        let (via, service) = match ApiKey::bearer("JINA_API_KEY", jina_key)? {
+            Some(api_key) => {
+                Url::parse(&config.jina_url).map_err(|e| RetrieverError::BadRequest {
+                    field: "online.jina_url",
+                    reason: format!("{:?}: {e}", config.jina_url),
+                })?;
+                (Via::Jina { base: config.jina_url.trim_end_matches('/').to_string(), api_key }, "jina")
+            }
+            None => (Via::Web, "web"),
+        };
+        Ok(PageReader {
+            via,
+            upstream: Upstream::new(service, config, registry)?,
+            cache: Cache::new("page", config.cache_entries, registry)?,
+        })
+    }
+
+    /// The text of each page, one result per URL, read concurrently. Only http and https URLs are
+    /// accepted.
+    pub async fn access(&self, urls: &[String]) -> Vec<Result<String, RetrieverError>> {
+        join_all(urls.iter().map(|url| self.read(url))).await
+    }
+
+    /// One page, from the cache or from upstream.
+    async fn read(&self, url: &str) -> Result<String, RetrieverError> {
+        let parsed =
+            Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
+                RetrieverError::BadRequest { field: "urls", reason: format!("{url:?} is not an http(s) URL") }
+            })?;
+        if let Some(text) = self.cache.get(url) {
+            return Ok(text);
+        }
+        let text = match &self.via {
+            Via::Jina { base, api_key } => {
+                let request = || {
+                    self.upstream
+                        .client()
+                        .get(format!("{base}/{url}"))
+                        .header(AUTHORIZATION, api_key.header())
+                };
+                let ((), body) = self.upstream.fetch(url, request, |_| Ok(())).await?;
+                String::from_utf8_lossy(&body).into_owned()
+            }
+            Via::Web => {
+                let request = || self.upstream.client().get(parsed.clone());
+                let (format, body) = self.upstream.fetch(url, request, format_of).await?;
+                match format {
+                    Format::Text => String::from_utf8_lossy(&body).into_owned(),
+                    Format::Html => self.html_to_text(url, body).await?,
+                }
+            }
+        };
+        self.cache.put(url.to_string(), text.clone());
+        Ok(text)
+    }
+
+    /// Converts a page off the async runtime (large pages take a while); a failure or a panic of
+    /// the converter is an error naming the URL.
+    async fn html_to_text(&self, url: &str, html: Vec<u8>) -> Result<String, RetrieverError> {
+        let converted = tokio::task::spawn_blocking(move || {
+            html2text::config::plain().string_from_read(html.as_slice(), TEXT_WIDTH)
+        })
+        .await;
+        let reason = match converted {
+            Ok(Ok(text)) => return Ok(text),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        Err(RetrieverError::Upstream {
+            service: self.upstream.service(),
+            reason: format!("{url}: converting HTML to text: {reason}"),
+        })
+    }
+}
+
+/// The format of a body of media type `media_type`: HTML (also when the server sends no type, as
+/// browsers assume), or text (`text/*`, JSON, XML); anything else is refused.
+fn format_of(media_type: Option<&str>) -> Result<Format, String> {
+    match media_type {
+        None | Some("text/html" | "application/xhtml+xml") => Ok(Format::Html),
+        Some(t)
+            if t.starts_with("text/")
+                || matches!(t, "application/json" | "application/xml")
+                || t.ends_with("+json")
+                || t.ends_with("+xml") =>
+        {
+            Ok(Format::Text)
+        }
+        Some(t) => Err(format!("content type {t} is not text")),
+    }
+}
+
+impl fmt::Debug for PageReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PageReader")
+            .field("via", &self.via)
+            .field("upstream", &self.upstream)
+            .field("cache", &self.cache)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::online::fake::{config, sample, serve};
+    use crate::online::upstream::MAX_BODY_BYTES;
+    use axum::http::header::CONTENT_TYPE;
+    use axum::http::{HeaderMap, StatusCode, Uri};
+    use axum::response::IntoResponse;
+    use axum::{Router, routing::get};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    const KEY: &str = "jina-secret-9c1e";
+    /// A page URL handed to the Jina fake; nothing ever connects to it (`.invalid` never resolves).
+    const PAGE: &str = "https://docs.example.invalid/page?x=1";
+    const HTML: &str = "<html><head><title>T</title><style>p { color: red }</style></head>\
+        <body><h1>Hello</h1><p>World, <b>bold</b> text.</p><script>var hidden = 1;</script></body></html>";
+
+    /// A fake web server: `/page.html`, `/notes.txt`, `/file.pdf` and `/huge.html`; counts requests.
+    async fn fake_web() -> (String, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = calls.clone();
+        let router = Router::new()
+            .route("/page.html", get(|| async { ([(CONTENT_TYPE, "text/html; charset=utf-8")], HTML) }))
+            .route("/notes.txt", get(|| async { ([(CONTENT_TYPE, "text/plain")], "line 1\n  <not html>\n") }))
+            .route("/file.pdf", get(|| async { ([(CONTENT_TYPE, "application/pdf")], "%PDF-1.7") }))
+            .route(
+                "/huge.html",
+                get(|| async { ([(CONTENT_TYPE, "text/html")], "a".repeat(MAX_BODY_BYTES + 1)) }),
+            )
+            .layer(axum::middleware::from_fn(move |request, next: axum::middleware::Next| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                next.run(request)
+            }));
+        (serve(router).await, calls)
+    }
+
+    /// The path and query, and the `Authorization` header, of each request to the fake Jina.
+    type JinaRequests = Arc<Mutex<Vec<(String, String)>>>;
+
+    /// A fake Jina reader answering `GET /{url}` with `status` and the page as text.
+    async fn fake_jina(status: StatusCode) -> (String, JinaRequests) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let requests = seen.clone();
+        let router = Router::new().fallback(move |uri: Uri, headers: HeaderMap| {
+            let authorization = headers.get("authorization").map_or("", |v| v.to_str().unwrap()).to_string();
+            requests.lock().unwrap().push((uri.to_string(), authorization));
+            std::future::ready((status, "Title: Page\n\nMarkdown content").into_response())
+        });
+        (serve(router).await, seen)
+    }
+
+    #[tokio::test]
+    async fn the_jina_reader_is_used_when_a_key_is_set() {
+        let (jina_url, seen) = fake_jina(StatusCode::OK).await;
+        let config = OnlineConfig { jina_url: format!("{jina_url}/"), ..config() };
+        let registry = Registry::new();
+        let reader = PageReader::new(&config, Some(format!("{KEY}\n")), &registry).unwrap();
+
+        let pages = reader.access(&[PAGE.to_string()]).await;
+
+        assert_eq!(pages[0].as_deref().unwrap(), "Title: Page\n\nMarkdown content");
+        let seen = seen.lock().unwrap();
+        assert_eq!(*seen, [(format!("/{PAGE}"), format!("Bearer {KEY}"))]);
+        let series = r#"kart_retriever_upstream_requests_total{outcome="ok",service="jina"}"#;
+        assert_eq!(sample(&registry, series), 1.0);
+    }
+
+    #[tokio::test]
+    async fn the_jina_key_never_shows_in_errors_or_debug_output() {
+        let (jina_url, _) = fake_jina(StatusCode::FORBIDDEN).await;
+        let reader =
+            PageReader::new(&OnlineConfig { jina_url, ..config() }, Some(KEY.into()), &Registry::new())
+                .unwrap();
+
+        let error = reader.access(&[PAGE.to_string()]).await.remove(0).unwrap_err().to_string();
+
+        assert_eq!(error, format!("jina: {PAGE}: HTTP 403 Forbidden (1 attempt)"));
+        let debug = format!("{reader:?}");
+        assert!(!debug.contains(KEY) && debug.contains("redacted"), "{debug}");
+    }
+
+    #[tokio::test]
+    async fn direct_fetches_convert_html_and_pass_text_through() {
+        let (web, calls) = fake_web().await;
+        let registry = Registry::new();
+        let reader = PageReader::new(&config(), None, &registry).unwrap();
+        let urls = [format!("{web}/page.html"), format!("{web}/notes.txt"), format!("{web}/page.html")];
+
+        let pages: Vec<String> = reader.access(&urls[..2]).await.into_iter().map(Result::unwrap).collect();
+        let again = reader.access(&urls[2..]).await.remove(0).unwrap();
+
+        assert!(pages[0].contains("Hello") && pages[0].contains("World, bold text."), "{}", pages[0]);
+        assert!(!pages[0].contains('<') && !pages[0].contains("hidden"), "{}", pages[0]);
+        assert_eq!(pages[1], "line 1\n  <not html>\n");
+        assert_eq!(again, pages[0]);
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "the repeat is served from the cache");
+        assert_eq!(
+            sample(&registry, r#"kart_retriever_cache_requests_total{backend="page",result="hit"}"#),
+            1.0
+        );
+        let series = r#"kart_retriever_upstream_requests_total{outcome="ok",service="web"}"#;
+        assert_eq!(sample(&registry, series), 2.0);
+    }
+
+    #[tokio::test]
+    async fn non_text_and_oversized_pages_are_errors_naming_the_url() {
+        let (web, calls) = fake_web().await;
+        let reader = PageReader::new(&config(), None, &Registry::new()).unwrap();
+        let urls = [format!("{web}/file.pdf"), format!("{web}/huge.html")];
+
+        let errors: Vec<String> =
+            reader.access(&urls).await.into_iter().map(|page| page.unwrap_err().to_string()).collect();
+
+        assert_eq!(
+            errors[0],
+            format!("web: {}: content type application/pdf is not text (1 attempt)", urls[0])
+        );
+        assert!(errors[1].starts_with(&format!("web: {}: body larger than", urls[1])), "{}", errors[1]);
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "refusals are not retried");
+    }
+
+    #[tokio::test]
+    async fn only_http_urls_are_accepted() {
+        let reader = PageReader::new(&config(), None, &Registry::new()).unwrap();
+
+        let pages = reader.access(&["ftp://files.example/a".into(), "not a url".into()]).await;
+
+        for (page, url) in pages.into_iter().zip(["ftp://files.example/a", "not a url"]) {
+            match page.unwrap_err() {
+                RetrieverError::BadRequest { field: "urls", reason } => {
+                    assert!(reason.contains(url), "{reason}")
+                }
+                other => panic!("{other}"),
+            }
+        }
+    }
+}

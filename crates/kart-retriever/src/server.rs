@@ -1,0 +1,500 @@
+//! The retriever's HTTP service: Search-R1's `POST /retrieve`, `POST /access` for page reading, and
+//! the operational endpoints.
+//!
+//! `/retrieve` takes `{"queries": [str], "topk": int | null, "return_scores": bool}` and answers
+//! `{"result": [[{"document": {"id", "contents", "title", "text"}, "score"}, …], …]}`, or the bare
+//! documents when `return_scores` is false, exactly as Search-R1's `retrieval_server.py`. Bad input
+//! gets a 4xx JSON error naming the field; the index loads in the background while `/readyz` says
+//! 503, so a large index never blocks liveness probes.
+
+use crate::online::{OnlineSearch, PageReader};
+use crate::{LocalIndex, RetrieverError};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::post;
+use kart_core::agent::search_r1::RetrievalResult;
+use kart_core::config::retriever::{MAX_TOPK, Method, RetrieverConfig};
+use kart_http::metrics;
+use kart_http::{self as http, ApiError, Readiness};
+use prometheus::{HistogramVec, IntCounterVec, IntGauge, Registry};
+use serde_json::{Value, json};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+/// Where `/retrieve` gets its answers.
+pub enum Backend {
+    /// A local index (BM25 or dense), searched on the blocking thread pool.
+    Local(Arc<dyn LocalIndex>),
+    /// Serper web search.
+    Serper(Box<OnlineSearch>),
+}
+
+impl Backend {
+    /// Opens the backend `config` names: the index folder for BM25 and dense, Serper's client
+    /// (key from `SERPER_API_KEY`) for online search.
+    pub fn open(config: &RetrieverConfig, registry: &Registry) -> Result<Backend, RetrieverError> {
+        let index_dir = || {
+            config.index.clone().ok_or_else(|| RetrieverError::BadRequest {
+                field: "index",
+                reason: format!("method `{:?}` needs an index folder", config.method).to_lowercase(),
+            })
+        };
+        Ok(match config.method {
+            Method::Bm25 | Method::Dense => Backend::Local(crate::open_local(&index_dir()?, config.method)?),
+            Method::Serper => Backend::Serper(Box::new(OnlineSearch::new(
+                &config.online,
+                std::env::var("SERPER_API_KEY").ok(),
+                registry,
+            )?)),
+        })
+    }
+
+    async fn retrieve(
+        &self,
+        queries: Vec<String>,
+        topk: usize,
+    ) -> Result<Vec<Vec<RetrievalResult>>, RetrieverError> {
+        match self {
+            Backend::Local(index) => {
+                let index = index.clone();
+                tokio::task::spawn_blocking(move || index.search_batch(&queries, topk))
+                    .await
+                    .map_err(|e| RetrieverError::Upstream { service: "index", reason: e.to_string() })?
+            }
+            Backend::Serper(search) => search.search_batch(&queries, topk).await,
+        }
+    }
+
+    /// Documents in the index, when the backend has one.
+    pub fn num_docs(&self) -> Option<u64> {
+        match self {
+            Backend::Local(index) => Some(index.num_docs()),
+            Backend::Serper(_) => None,
+        }
+    }
+}
+
+/// The service's metrics.
+struct Metrics {
+    requests: IntCounterVec,
+    queries: IntCounterVec,
+    latency: HistogramVec,
+    errors: IntCounterVec,
+    documents: IntGauge,
+}
+
+impl Metrics {
+    fn new(registry: &Registry) -> Self {
+        Metrics {
+            requests: metrics::counter_vec(
+                registry,
+                "kart_retriever_requests_total",
+                "HTTP requests by endpoint and status code",
+                &["endpoint", "code"],
+            ),
+            queries: metrics::counter_vec(
+                registry,
+                "kart_retriever_queries_total",
+                "Queries answered",
+                &["method"],
+            ),
+            latency: metrics::histogram_vec(
+                registry,
+                "kart_retriever_request_duration_seconds",
+                "Time to answer a request",
+                &["endpoint"],
+                metrics::latency_buckets(),
+            ),
+            errors: metrics::counter_vec(
+                registry,
+                "kart_retriever_errors_total",
+                "Requests that failed, by endpoint and kind (bad_request, not_ready, backend)",
+                &["endpoint", "kind"],
+            ),
+            documents: metrics::gauge(registry, "kart_retriever_documents", "Documents in the loaded index"),
+        }
+    }
+}
+
+/// Shared state of the handlers.
+pub struct AppState {
+    config: RetrieverConfig,
+    backend: OnceLock<Backend>,
+    pages: PageReader,
+    ready: Readiness,
+    metrics: Metrics,
+}
+
+impl AppState {
+    /// State with no backend yet; `/readyz` answers 503 until [`AppState::set_backend`].
+    pub fn new(config: RetrieverConfig, registry: &Registry) -> Result<Arc<Self>, RetrieverError> {
+        let pages = PageReader::new(&config.online, std::env::var("JINA_API_KEY").ok(), registry)?;
+        Ok(Arc::new(AppState {
+            config,
+            backend: OnceLock::new(),
+            pages,
+            ready: Readiness::default(),
+            metrics: Metrics::new(registry),
+        }))
+    }
+
+    /// Installs the loaded backend and marks the service ready.
+    pub fn set_backend(&self, backend: Backend) {
+        if let Some(n) = backend.num_docs() {
+            self.metrics.documents.set(n as i64);
+        }
+        if self.backend.set(backend).is_ok() {
+            self.ready.set(true);
+        }
+    }
+
+    /// The readiness flag `/readyz` reports.
+    pub fn readiness(&self) -> Readiness {
+        self.ready.clone()
+    }
+}
+
+/// The complete router: `/retrieve`, `/access`, `/healthz`, `/readyz`, `/metrics`.
+pub fn router(state: Arc<AppState>, registry: Registry) -> Router {
+    let ops = http::ops_routes(registry, state.readiness());
+    Router::new()
+        .route("/retrieve", post(retrieve))
+        .route("/access", post(access))
+        .with_state(state)
+        .merge(ops)
+}
+
+/// Runs the service until SIGINT/SIGTERM: binds first, loads the backend in the background.
+pub async fn run(config: RetrieverConfig) -> Result<(), RetrieverError> {
+    let registry = Registry::new();
+    let addr = http::bind_address(&config.host, config.port);
+    let state = AppState::new(config.clone(), &registry)?;
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| RetrieverError::Io { path: addr.clone().into(), source })?;
+    tracing::info!(%addr, method = ?config.method, "retriever listening");
+    let loading = state.clone();
+    let load_registry = registry.clone();
+    let loader = tokio::task::spawn_blocking(move || {
+        Backend::open(&loading.config, &load_registry).map(|b| loading.set_backend(b))
+    });
+    let server = tokio::spawn(http::serve(listener, router(state, registry)));
+    // A backend that cannot load ends the process with its error (the pod restarts and reports it)
+    // rather than leaving a server that is never ready.
+    match loader.await {
+        Ok(Ok(())) => tracing::info!("index loaded; ready"),
+        Ok(Err(e)) => {
+            server.abort();
+            return Err(e);
+        }
+        Err(e) => {
+            server.abort();
+            return Err(RetrieverError::Upstream { service: "index loader", reason: e.to_string() });
+        }
+    }
+    let served =
+        server.await.map_err(|e| RetrieverError::Upstream { service: "server", reason: e.to_string() })?;
+    served.map_err(|source| RetrieverError::Io { path: addr.into(), source })
+}
+
+/// A parsed `/retrieve` request.
+#[derive(Debug, PartialEq)]
+struct RetrieveRequest {
+    queries: Vec<String>,
+    topk: Option<usize>,
+    return_scores: bool,
+}
+
+fn parse_retrieve(body: &Value, max_queries: usize) -> Result<RetrieveRequest, ApiError> {
+    let obj = body.as_object().ok_or_else(|| ApiError::invalid("body", "expected a JSON object"))?;
+    let queries = match obj.get("queries") {
+        None => return Err(ApiError::invalid("queries", "missing: expected a list of strings")),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                q.as_str().map(str::to_owned).ok_or_else(|| {
+                    ApiError::invalid(format!("queries[{i}]"), format!("expected a string, got {q}"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => {
+            return Err(ApiError::invalid("queries", format!("expected a list of strings, got {other}")));
+        }
+    };
+    if queries.len() > max_queries {
+        return Err(ApiError::invalid(
+            "queries",
+            format!("{} queries; at most {max_queries} per request", queries.len()),
+        ));
+    }
+    let topk = match obj.get("topk") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_i64() {
+            Some(k) if (1..=MAX_TOPK as i64).contains(&k) => Some(k as usize),
+            _ => {
+                return Err(ApiError::invalid(
+                    "topk",
+                    format!("expected an integer from 1 to {MAX_TOPK} or null, got {v}"),
+                ));
+            }
+        },
+    };
+    let return_scores = match obj.get("return_scores") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => return Err(ApiError::invalid("return_scores", format!("expected a boolean, got {v}"))),
+    };
+    Ok(RetrieveRequest { queries, topk, return_scores })
+}
+
+/// Records a request's outcome in the metrics.
+fn observe(
+    state: &AppState,
+    endpoint: &str,
+    started: Instant,
+    response: &Response,
+    error_kind: Option<&str>,
+) {
+    let m = &state.metrics;
+    m.requests.with_label_values(&[endpoint, response.status().as_str()]).inc();
+    m.latency.with_label_values(&[endpoint]).observe(started.elapsed().as_secs_f64());
+    if let Some(kind) = error_kind {
+        m.errors.with_label_values(&[endpoint, kind]).inc();
+    }
+}
+
+async fn retrieve(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    let started = Instant::now();
+    let (response, error_kind) = match answer_retrieve(&state, body).await {
+        Ok(value) => (Json(value).into_response(), None),
+        Err((kind, err)) => (err.into_response(), Some(kind)),
+    };
+    observe(&state, "retrieve", started, &response, error_kind);
+    response
+}
+
+async fn answer_retrieve(state: &AppState, body: Body) -> Result<Value, (&'static str, ApiError)> {
+    let body = http::read_json(body, state.config.max_body_bytes).await.map_err(|e| ("bad_request", e))?;
+    let request = parse_retrieve(&body, state.config.max_queries).map_err(|e| ("bad_request", e))?;
+    if request.queries.is_empty() {
+        return Ok(json!({"result": []}));
+    }
+    let backend = state.backend.get().ok_or_else(|| {
+        (
+            "not_ready",
+            ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                field: "index".into(),
+                message: "the index is still loading".into(),
+            },
+        )
+    })?;
+    let topk = request.topk.unwrap_or(state.config.topk);
+    let n = request.queries.len() as u64;
+    let results = backend.retrieve(request.queries, topk).await.map_err(|e| {
+        tracing::warn!(error = %e, "retrieval failed");
+        (
+            "backend",
+            ApiError { status: StatusCode::BAD_GATEWAY, field: "queries".into(), message: e.to_string() },
+        )
+    })?;
+    let method = format!("{:?}", state.config.method).to_lowercase();
+    state.metrics.queries.with_label_values(&[&method]).inc_by(n);
+    let result: Vec<Value> = results
+        .into_iter()
+        .map(|hits| match request.return_scores {
+            true => json!(hits),
+            false => json!(hits.into_iter().map(|h| h.document).collect::<Vec<_>>()),
+        })
+        .collect();
+    Ok(json!({ "result": result }))
+}
+
+async fn access(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    let started = Instant::now();
+    let (response, error_kind) = match answer_access(&state, body).await {
+        Ok(value) => (Json(value).into_response(), None),
+        Err(err) => (err.into_response(), Some("bad_request")),
+    };
+    observe(&state, "access", started, &response, error_kind);
+    response
+}
+
+async fn answer_access(state: &AppState, body: Body) -> Result<Value, ApiError> {
+    let body = http::read_json(body, state.config.max_body_bytes).await?;
+    let urls = match body.get("urls") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                u.as_str().map(str::to_owned).ok_or_else(|| {
+                    ApiError::invalid(format!("urls[{i}]"), format!("expected a string, got {u}"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => {
+            return Err(ApiError::invalid("urls", format!("expected a list of strings, got {other}")));
+        }
+        None => return Err(ApiError::invalid("urls", "missing: expected a list of strings")),
+    };
+    let pages = state.pages.access(&urls).await;
+    let result: Vec<Value> = urls
+        .iter()
+        .zip(pages)
+        .map(|(url, page)| match page {
+            Ok(text) => json!({"url": url, "page": text}),
+            Err(e) => json!({"url": url, "page": null, "error": e.to_string()}),
+        })
+        .collect();
+    Ok(json!({ "result": result }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kart_core::agent::search_r1::document;
+
+    fn parse(v: Value) -> Result<RetrieveRequest, ApiError> {
+        parse_retrieve(&v, 100)
+    }
+
+    #[test]
+    fn search_r1_request_parses() {
+        let r = parse(json!({"queries": ["a", "b"], "topk": 3, "return_scores": true})).unwrap();
+        assert_eq!(
+            r,
+            RetrieveRequest { queries: vec!["a".into(), "b".into()], topk: Some(3), return_scores: true }
+        );
+        let r = parse(json!({"queries": []})).unwrap();
+        assert_eq!((r.topk, r.return_scores), (None, false));
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let field = |v: Value| parse(v).unwrap_err().field;
+        assert_eq!(field(json!({})), "queries");
+        assert_eq!(field(json!({"queries": "a"})), "queries");
+        assert_eq!(field(json!({"queries": ["a", 3]})), "queries[1]");
+        assert_eq!(field(json!({"queries": ["a"], "topk": 0})), "topk");
+        assert_eq!(field(json!({"queries": ["a"], "topk": 1001})), "topk");
+        assert_eq!(field(json!({"queries": ["a"], "topk": 2.5})), "topk");
+        assert_eq!(field(json!({"queries": ["a"], "return_scores": "yes"})), "return_scores");
+        assert_eq!(field(json!([1, 2])), "body");
+        assert_eq!(field(json!({"queries": vec!["q"; 101]})), "queries");
+    }
+
+    /// A fixed index: every query gets documents "0".."k-1" with descending scores.
+    struct Fixed;
+
+    impl LocalIndex for Fixed {
+        fn search_batch(
+            &self,
+            queries: &[String],
+            topk: usize,
+        ) -> Result<Vec<Vec<RetrievalResult>>, RetrieverError> {
+            Ok(queries
+                .iter()
+                .map(|q| {
+                    (0..topk)
+                        .map(|i| RetrievalResult {
+                            document: document(i.to_string(), format!("\"{q}\"\npassage {i}")),
+                            score: (topk - i) as f64,
+                        })
+                        .collect()
+                })
+                .collect())
+        }
+        fn num_docs(&self) -> u64 {
+            10
+        }
+    }
+
+    async fn post(router: &Router, uri: &str, body: &str) -> (StatusCode, Value) {
+        use tower::ServiceExt;
+        let request = axum::http::Request::post(uri)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 24).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    fn service(max_body_bytes: usize) -> (Router, Arc<AppState>, Registry) {
+        let registry = Registry::new();
+        let config = RetrieverConfig { max_body_bytes, ..RetrieverConfig::default() };
+        let state = AppState::new(config, &registry).unwrap();
+        (router(state.clone(), registry.clone()), state, registry)
+    }
+
+    #[tokio::test]
+    async fn answers_in_search_r1_shape_with_and_without_scores() {
+        let (router, state, registry) = service(1 << 20);
+        state.set_backend(Backend::Local(Arc::new(Fixed)));
+        let (status, v) =
+            post(&router, "/retrieve", r#"{"queries": ["paris", "rome"], "topk": 2, "return_scores": true}"#)
+                .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(v["result"].as_array().unwrap().len(), 2);
+        assert_eq!(v["result"][1][0]["document"]["contents"], "\"rome\"\npassage 0");
+        assert_eq!(v["result"][1][0]["document"]["title"], "rome");
+        assert_eq!(v["result"][0][1]["score"], 1.0);
+        let (_, v) = post(&router, "/retrieve", r#"{"queries": ["paris"]}"#).await;
+        assert_eq!(v["result"][0].as_array().unwrap().len(), 3, "server default topk");
+        assert_eq!(v["result"][0][0]["id"], "0", "bare documents without scores");
+        let text = kart_http::metrics::encode(&registry);
+        assert!(text.contains("kart_retriever_queries_total{method=\"bm25\"} 3"), "{text}");
+        assert!(text.contains("kart_retriever_documents 10"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn empty_queries_are_valid_even_before_the_index_loads() {
+        let (router, _, _) = service(1 << 20);
+        let (status, v) =
+            post(&router, "/retrieve", r#"{"queries": [], "topk": 3, "return_scores": true}"#).await;
+        assert_eq!((status, v), (StatusCode::OK, json!({"result": []})));
+        let (status, v) = post(&router, "/retrieve", r#"{"queries": ["a"]}"#).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(v["error"]["field"], "index");
+    }
+
+    #[tokio::test]
+    async fn bad_input_gets_4xx_json_and_the_server_keeps_serving() {
+        let (router, state, registry) = service(64);
+        state.set_backend(Backend::Local(Arc::new(Fixed)));
+        for (body, status, field) in [
+            ("{not json", StatusCode::BAD_REQUEST, "body"),
+            (r#"{"topk": 3}"#, StatusCode::UNPROCESSABLE_ENTITY, "queries"),
+            (r#"{"queries": [1]}"#, StatusCode::UNPROCESSABLE_ENTITY, "queries[0]"),
+            (r#"{"queries": ["a"], "topk": -1}"#, StatusCode::UNPROCESSABLE_ENTITY, "topk"),
+        ] {
+            let (got, v) = post(&router, "/retrieve", body).await;
+            assert_eq!((got, v["error"]["field"].as_str()), (status, Some(field)), "{body}");
+        }
+        let big = format!(r#"{{"queries": ["{}"]}}"#, "x".repeat(100));
+        let (status, v) = post(&router, "/retrieve", &big).await;
+        assert_eq!((status, v["error"]["field"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("body")));
+        let (status, _) = post(&router, "/retrieve", r#"{"queries": ["ok"]}"#).await;
+        assert_eq!(status, StatusCode::OK);
+        let text = kart_http::metrics::encode(&registry);
+        assert!(
+            text.contains("kart_retriever_errors_total{endpoint=\"retrieve\",kind=\"bad_request\"} 5"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn access_validates_urls() {
+        let (router, _, _) = service(1 << 20);
+        let (status, v) = post(&router, "/access", r#"{"urls": "http://x"}"#).await;
+        assert_eq!((status, v["error"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("urls")));
+        let (status, v) = post(&router, "/access", r#"{"urls": ["ftp://x"]}"#).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(v["result"][0]["error"].as_str().unwrap().contains("ftp://x"), "{v}");
+    }
+}

@@ -1,0 +1,349 @@
+//! An SGLang server as the rollout engine, through its native `POST /generate` with token ids in and
+//! `return_logprob`, the way slime and verl drive it.
+//!
+//! The generated ids and their log-probabilities both come from `meta_info.output_token_logprobs`
+//! (`[logprob, token_id, text]` per token), never from re-tokenising `text`. Stop strings are kept in
+//! the output (`no_stop_trim`) and special tokens are not skipped, so nothing is cut out of the ids.
+//!
+//! What the log-probabilities are: by default SGLang reports `log softmax(logits / T)` of the sampled
+//! token, before top-k/top-p/min-p truncation, and `log softmax(logits)` for greedy requests
+//! (temperature 0 becomes top-k 1 at T = 1) — kart's convention. Started with
+//! `SGLANG_RETURN_ORIGINAL_LOGPROB=1` it reports `log softmax(logits)` (T = 1) for every request,
+//! which differs whenever T ≠ 1: leave that variable unset. Repetition penalties and logit biases
+//! would be applied before either; kart sends none.
+//!
+//! Seeds: `sampling_seed` only takes effect on servers started with
+//! `--enable-deterministic-inference`; other servers ignore it.
+//!
+//! Policy versions: [`SglangEngine::update_weights_from_disk`] loads new weights and tags them with
+//! SGLang's `weight_version`, which the server reports in every response's `meta_info` at the moment
+//! the output finished (a weight update waits for running requests). Outputs carry that version
+//! when it is an integer, otherwise the one recorded (by [`SglangEngine::set_version`]) when the
+//! request was sent.
+
+use super::http::HttpEngine;
+use futures::future::BoxFuture;
+use kart_core::engine::{Engine, EngineError, EngineOutput};
+use kart_core::generation::FinishReason;
+use kart_core::generation::Generation;
+use kart_core::generation::GenerationRequest;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// An SGLang server reached over HTTP.
+#[derive(Debug)]
+pub struct SglangEngine {
+    http: HttpEngine,
+}
+
+impl SglangEngine {
+    /// A client for the server at `base_url` (e.g. `http://sglang:30000`) with a per-request
+    /// `timeout`, at policy version 0.
+    pub fn new(base_url: &str, timeout: Duration) -> Self {
+        SglangEngine { http: HttpEngine::new("sglang", base_url, timeout) }
+    }
+
+    /// The server's base URL.
+    pub fn url(&self) -> &str {
+        self.http.base()
+    }
+
+    /// The policy version last recorded.
+    pub fn version(&self) -> i64 {
+        self.http.version()
+    }
+
+    /// Records that the server now holds the weights of policy `version` (when something other than
+    /// this client updated them).
+    pub fn set_version(&self, version: i64) {
+        self.http.set_version(version);
+    }
+
+    /// Makes the server load the Hugging Face folder at `model_path` (a path on the server's
+    /// filesystem) as policy `version`, through `POST /update_weights_from_disk`. SGLang finishes the
+    /// running requests first; new ones wait for the new weights. Records `version` on success.
+    pub async fn update_weights_from_disk(&self, model_path: &str, version: i64) -> Result<(), EngineError> {
+        let payload = json!({"model_path": model_path, "weight_version": version.to_string()});
+        let answer = self.http.post("/update_weights_from_disk", &payload).await?;
+        // SGLang answers 400 with `success: false` when loading fails; a 200 says `success: true`.
+        if answer["success"].as_bool() != Some(true) {
+            let url = format!("{}/update_weights_from_disk", self.url());
+            return Err(self.http.malformed(&url, format!("`success` is not true in {answer}")));
+        }
+        self.set_version(version);
+        Ok(())
+    }
+
+    /// The `/generate` body for `request`.
+    fn payload(request: &GenerationRequest) -> Value {
+        let sampling = &request.sampling;
+        let mut params = json!({
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": if sampling.top_k > 0 { sampling.top_k } else { -1 },
+            "max_new_tokens": request.max_new_tokens,
+            "stop": request.stop,
+            "stop_token_ids": request.stop_token_ids,
+            "ignore_eos": request.ignore_eos,
+            "no_stop_trim": true,
+            "skip_special_tokens": false,
+        });
+        if let Some(seed) = sampling.seed {
+            // Older SGLang keeps seeds in an int32 tensor: send the low 31 bits.
+            params["sampling_seed"] = json!(seed & 0x7fff_ffff);
+        }
+        json!({"input_ids": request.input_ids, "sampling_params": params, "return_logprob": true})
+    }
+
+    /// The generation in a `/generate` answer, or why there is none; `recorded` is the version
+    /// recorded when the request was sent.
+    fn parse(&self, url: &str, answer: &Value, recorded: i64) -> Result<EngineOutput, EngineError> {
+        let malformed = |what: String| self.http.malformed(url, what);
+        let meta = &answer["meta_info"];
+        let finish = &meta["finish_reason"];
+        let finish_reason = match finish["type"].as_str() {
+            Some("stop") => FinishReason::Stop,
+            Some("length") => FinishReason::Length,
+            Some("abort") => {
+                tracing::warn!(url, reason = %finish["message"], "sglang aborted a request");
+                return Err(EngineError::Aborted { engine: self.http.name().into() });
+            }
+            _ => {
+                return Err(malformed(format!(
+                    "`meta_info.finish_reason.type` is missing or unknown in {finish}"
+                )));
+            }
+        };
+        let entries = meta["output_token_logprobs"]
+            .as_array()
+            .ok_or_else(|| malformed("no `meta_info.output_token_logprobs` list".into()))?;
+        let mut token_ids = Vec::with_capacity(entries.len());
+        let mut logprobs = Vec::with_capacity(entries.len());
+        for (i, entry) in entries.iter().enumerate() {
+            let logprob = entry[0].as_f64();
+            let id = entry[1].as_u64().and_then(|id| u32::try_from(id).ok());
+            let (Some(logprob), Some(id)) = (logprob, id) else {
+                return Err(malformed(format!(
+                    "`meta_info.output_token_logprobs[{i}]` is {entry}, not [logprob, token_id, text]"
+                )));
+            };
+            token_ids.push(id);
+            logprobs.push(logprob as f32);
+        }
+        let version = meta["weight_version"].as_str().and_then(|v| v.parse().ok()).unwrap_or(recorded);
+        Ok(EngineOutput { generation: Generation { token_ids, logprobs, finish_reason }, version })
+    }
+}
+
+impl Engine for SglangEngine {
+    fn generate(&self, request: GenerationRequest) -> BoxFuture<'_, Result<EngineOutput, EngineError>> {
+        Box::pin(async move {
+            let recorded = self.version();
+            let answer = self.http.post("/generate", &Self::payload(&request)).await?;
+            self.parse(&format!("{}/generate", self.url()), &answer, recorded)
+        })
+    }
+
+    fn name(&self) -> &str {
+        self.http.name()
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::engines::http::{dead_url, serve};
+    use axum::Json;
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use kart_core::generation::SamplingParams;
+    use std::sync::{Arc, Mutex};
+
+    /// What a fake server saw.
+    pub(crate) type Requests = Arc<Mutex<Vec<(String, Value)>>>;
+
+    /// A fake SGLang server answering every POST with `status` and `body`, recording the requests.
+    pub(crate) async fn fake(status: StatusCode, body: String) -> (String, Requests) {
+        let requests = Requests::default();
+        let seen = requests.clone();
+        let handler = move |uri: axum::http::Uri, Json(request): Json<Value>| {
+            let (seen, body) = (seen.clone(), body.clone());
+            async move {
+                seen.lock().unwrap().push((uri.path().to_string(), request));
+                (status, [("content-type", "application/json")], body)
+            }
+        };
+        let router = axum::Router::new()
+            .route("/generate", post(handler.clone()))
+            .route("/update_weights_from_disk", post(handler));
+        (serve(router).await, requests)
+    }
+
+    /// A `/generate` answer shaped like SGLang's (fields it sends that kart ignores included).
+    pub(crate) fn answer(finish_reason: Value, weight_version: &str) -> String {
+        json!({
+            "text": "<search>Paris</search>",
+            "output_ids": [27, 1836, 29, 59604, 522, 1836, 29],
+            "meta_info": {
+                "id": "0f7d3c9a5e2b4c1d8a6f9e3b7c2d1a4e",
+                "finish_reason": finish_reason,
+                "prompt_tokens": 4,
+                "weight_version": weight_version,
+                "total_retractions": 0,
+                "input_token_logprobs": [[null, 9707, null]],
+                "output_token_logprobs": [
+                    [-0.0125, 27, null], [-0.5, 1836, null], [-1.0e-4, 29, null], [-2.25, 59604, null],
+                    [-0.75, 522, null], [-0.001, 1836, null], [0.0, 29, null]
+                ],
+                "input_top_logprobs": [null],
+                "output_top_logprobs": [],
+                "completion_tokens": 7,
+                "cached_tokens": 3,
+                "e2e_latency": 0.1873
+            }
+        })
+        .to_string()
+    }
+
+    pub(crate) fn request() -> GenerationRequest {
+        GenerationRequest {
+            input_ids: vec![9707, 11, 1879, 0],
+            sampling: SamplingParams { temperature: 0.7, top_p: 0.9, top_k: 0, seed: Some(u64::MAX) },
+            max_new_tokens: 64,
+            stop: vec!["</search>".into(), "</answer>".into()],
+            stop_token_ids: vec![151645],
+            ignore_eos: false,
+        }
+    }
+
+    fn engine(url: &str) -> SglangEngine {
+        SglangEngine::new(url, Duration::from_secs(10))
+    }
+
+    #[tokio::test]
+    async fn generate_sends_token_ids_and_reads_output_token_logprobs() {
+        let (url, requests) =
+            fake(StatusCode::OK, answer(json!({"type": "stop", "matched": "</search>"}), "default")).await;
+        let engine = engine(&format!("{url}/"));
+        engine.set_version(5);
+        let output = engine.generate(request()).await.unwrap();
+        assert_eq!(output.generation.token_ids, [27, 1836, 29, 59604, 522, 1836, 29]);
+        assert_eq!(output.generation.logprobs, [-0.0125, -0.5, -1.0e-4, -2.25, -0.75, -0.001, 0.0]);
+        assert_eq!(output.generation.finish_reason, FinishReason::Stop);
+        assert_eq!(output.version, 5, "`default` is no version: the recorded one is used");
+
+        let (path, body) = requests.lock().unwrap()[0].clone();
+        assert_eq!(path, "/generate");
+        let expected = json!({
+            "input_ids": [9707, 11, 1879, 0],
+            "sampling_params": {
+                "temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_new_tokens": 64,
+                "stop": ["</search>", "</answer>"], "stop_token_ids": [151645], "ignore_eos": false,
+                "no_stop_trim": true, "skip_special_tokens": false, "sampling_seed": 0x7fff_ffff
+            },
+            "return_logprob": true
+        });
+        assert_eq!(body, expected);
+    }
+
+    #[tokio::test]
+    async fn greedy_top_k_and_length_finish() {
+        let (url, requests) =
+            fake(StatusCode::OK, answer(json!({"type": "length", "length": 7}), "12")).await;
+        let mut greedy = request();
+        greedy.sampling = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 20, seed: None };
+        let output = engine(&url).generate(greedy).await.unwrap();
+        assert_eq!(output.generation.finish_reason, FinishReason::Length);
+        assert_eq!(output.version, 12, "an integer weight_version is the output's version");
+        let params = requests.lock().unwrap()[0].1["sampling_params"].clone();
+        assert_eq!((params["temperature"].as_f64(), params["top_k"].as_i64()), (Some(0.0), Some(20)));
+        assert!(params.get("sampling_seed").is_none());
+    }
+
+    #[tokio::test]
+    async fn abort_is_aborted() {
+        let finish = json!({"type": "abort", "message": "Abort before prefill", "status_code": null, "err_type": null});
+        let (url, _) = fake(StatusCode::OK, answer(finish, "default")).await;
+        assert_eq!(
+            engine(&url).generate(request()).await.unwrap_err(),
+            EngineError::Aborted { engine: "sglang".into() }
+        );
+    }
+
+    #[tokio::test]
+    async fn server_errors_are_retryable_and_client_errors_carry_the_message() {
+        let (url, _) = fake(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error".into()).await;
+        match engine(&url).generate(request()).await.unwrap_err() {
+            EngineError::Unavailable { engine, reason } => {
+                assert_eq!(engine, "sglang");
+                assert!(reason.contains(&format!("{url}/generate")) && reason.contains("500"), "{reason}");
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        let too_long = r#"{"error": {"message": "The input (40000 tokens) is longer than the model's context length (32768 tokens)."}}"#;
+        let (url, _) = fake(StatusCode::BAD_REQUEST, too_long.into()).await;
+        match engine(&url).generate(request()).await.unwrap_err() {
+            EngineError::Invalid(message) => {
+                assert!(message.contains("longer than the model's context length"), "{message}")
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn malformed_answers_are_unavailable_naming_the_field() {
+        let reason = |e: EngineError| match e {
+            EngineError::Unavailable { reason, .. } => reason,
+            other => panic!("expected Unavailable, got {other:?}"),
+        };
+        let (url, _) = fake(StatusCode::OK, "{\"text\": ".into()).await;
+        assert!(reason(engine(&url).generate(request()).await.unwrap_err()).contains("malformed JSON"));
+
+        let (url, _) = fake(
+            StatusCode::OK,
+            json!({"text": "hi", "meta_info": {"finish_reason": {"type": "stop"}}}).to_string(),
+        )
+        .await;
+        assert!(
+            reason(engine(&url).generate(request()).await.unwrap_err())
+                .contains("meta_info.output_token_logprobs")
+        );
+
+        let mut odd: Value = serde_json::from_str(&answer(json!({"type": "stop"}), "default")).unwrap();
+        odd["meta_info"]["output_token_logprobs"][2] = json!([null, 29, null]);
+        let (url, _) = fake(StatusCode::OK, odd.to_string()).await;
+        assert!(
+            reason(engine(&url).generate(request()).await.unwrap_err()).contains("output_token_logprobs[2]")
+        );
+
+        let (url, _) = fake(StatusCode::OK, answer(Value::Null, "default")).await;
+        assert!(reason(engine(&url).generate(request()).await.unwrap_err()).contains("finish_reason"));
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_unavailable() {
+        let err = engine(&dead_url()).generate(request()).await.unwrap_err();
+        assert!(err.is_retryable() && matches!(err, EngineError::Unavailable { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn update_weights_from_disk_posts_the_path_and_records_the_version() {
+        let ok = json!({"success": true, "message": "Succeeded to update model weights.", "num_paused_requests": 0});
+        let (url, requests) = fake(StatusCode::OK, ok.to_string()).await;
+        let engine = engine(&url);
+        engine.update_weights_from_disk("/ckpt/step-3", 3).await.unwrap();
+        assert_eq!(engine.version(), 3);
+        let (path, body) = requests.lock().unwrap()[0].clone();
+        assert_eq!(path, "/update_weights_from_disk");
+        assert_eq!(body, json!({"model_path": "/ckpt/step-3", "weight_version": "3"}));
+
+        let failed = json!({"success": false, "message": "Failed to get weights iterator: /ckpt/x not found", "num_paused_requests": 0});
+        let (url, _) = fake(StatusCode::BAD_REQUEST, failed.to_string()).await;
+        let engine = SglangEngine::new(&url, Duration::from_secs(10));
+        match engine.update_weights_from_disk("/ckpt/x", 4).await.unwrap_err() {
+            EngineError::Invalid(message) => assert!(message.contains("/ckpt/x not found"), "{message}"),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        assert_eq!(engine.version(), 0, "a failed update keeps the version");
+    }
+}

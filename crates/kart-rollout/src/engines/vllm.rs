@@ -1,0 +1,316 @@
+//! A vLLM server as the rollout engine, through its OpenAI-compatible `POST /v1/completions` with the
+//! prompt as token ids.
+//!
+//! The generated ids and their log-probabilities both come from `choices[0].logprobs`: with
+//! `return_tokens_as_token_ids` every entry of `tokens` is `"token_id:{id}"`, paired with
+//! `token_logprobs`; `text` is never re-tokenised. `logprobs: 0` asks for the sampled token's
+//! log-probability only; stop strings stay in the output and special tokens are not skipped.
+//!
+//! What the log-probabilities are depends on the server's `--logprobs-mode` (vLLM V1):
+//! - `raw_logprobs` (the default): `log softmax(logits)` of the model, before temperature, penalties
+//!   and top-k/top-p — kart's `log softmax(logits / T)` only when T = 1 (or greedy);
+//! - `processed_logprobs`: after temperature *and* top-k/top-p, i.e. renormalised over the kept
+//!   tokens — kart's convention only when top-k and top-p are off.
+//!
+//! So: sample at temperature 1 on a default server, or start vLLM with
+//! `--logprobs-mode processed_logprobs` and keep top-k/top-p off.
+//!
+//! Policy versions: vLLM has no standard weight-update endpoint and reports no weight version. The
+//! trainer updates the servers by its own means (restart on a new checkpoint, or an RL framework's
+//! weight-sync extension) while no rollout is in flight, then calls [`VllmEngine::set_version`];
+//! outputs carry the version recorded when their request was sent.
+
+use super::http::HttpEngine;
+use futures::future::BoxFuture;
+use kart_core::engine::{Engine, EngineError, EngineOutput};
+use kart_core::generation::FinishReason;
+use kart_core::generation::Generation;
+use kart_core::generation::GenerationRequest;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// A vLLM OpenAI-compatible server reached over HTTP.
+#[derive(Debug)]
+pub struct VllmEngine {
+    http: HttpEngine,
+    model: String,
+}
+
+impl VllmEngine {
+    /// A client for the server at `base_url` (e.g. `http://vllm:8000`, with or without `/v1`) serving
+    /// `model` (its `--served-model-name`), with a per-request `timeout`, at policy version 0.
+    pub fn new(base_url: &str, model: &str, timeout: Duration) -> Self {
+        let base = base_url.trim_end_matches('/').trim_end_matches("/v1");
+        VllmEngine { http: HttpEngine::new("vllm", base, timeout), model: model.to_string() }
+    }
+
+    /// The server's base URL (without `/v1`).
+    pub fn url(&self) -> &str {
+        self.http.base()
+    }
+
+    /// The policy version last recorded.
+    pub fn version(&self) -> i64 {
+        self.http.version()
+    }
+
+    /// Records that the server now holds the weights of policy `version`.
+    pub fn set_version(&self, version: i64) {
+        self.http.set_version(version);
+    }
+
+    /// The `/v1/completions` body for `request`.
+    fn payload(&self, request: &GenerationRequest) -> Value {
+        let sampling = &request.sampling;
+        let mut payload = json!({
+            "model": self.model,
+            "prompt": request.input_ids,
+            "max_tokens": request.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": if sampling.top_k > 0 { sampling.top_k } else { -1 },
+            "stop": request.stop,
+            "stop_token_ids": request.stop_token_ids,
+            "ignore_eos": request.ignore_eos,
+            "skip_special_tokens": false,
+            "include_stop_str_in_output": true,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": true,
+        });
+        if let Some(seed) = sampling.seed {
+            // vLLM accepts seeds in the int64 range.
+            payload["seed"] = json!(seed & i64::MAX as u64);
+        }
+        payload
+    }
+
+    /// The generation in a `/v1/completions` answer (made at policy `version`), or why there is none.
+    fn parse(&self, url: &str, answer: &Value, version: i64) -> Result<EngineOutput, EngineError> {
+        let malformed = |what: String| self.http.malformed(url, what);
+        let choice = &answer["choices"][0];
+        let finish_reason = match choice["finish_reason"].as_str() {
+            Some("stop") => FinishReason::Stop,
+            Some("length") => FinishReason::Length,
+            Some("abort") => return Err(EngineError::Aborted { engine: self.http.name().into() }),
+            _ => {
+                let found = &choice["finish_reason"];
+                return Err(malformed(format!(
+                    "`choices[0].finish_reason` is {found}, not stop, length or abort"
+                )));
+            }
+        };
+        let logprobs = &choice["logprobs"];
+        let (Some(tokens), Some(values)) =
+            (logprobs["tokens"].as_array(), logprobs["token_logprobs"].as_array())
+        else {
+            return Err(malformed("no `choices[0].logprobs.tokens` and `token_logprobs` lists".into()));
+        };
+        if tokens.len() != values.len() {
+            let (t, v) = (tokens.len(), values.len());
+            return Err(malformed(format!("{t} `choices[0].logprobs.tokens` but {v} `token_logprobs`")));
+        }
+        let token_ids = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, token)| {
+                token
+                    .as_str()
+                    .and_then(|t| t.strip_prefix("token_id:"))
+                    .and_then(|id| id.parse().ok())
+                    .ok_or_else(|| {
+                        malformed(format!(
+                            "`choices[0].logprobs.tokens[{i}]` is {token}, not \"token_id:<id>\""
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        let logprobs = values
+            .iter()
+            .enumerate()
+            .map(|(i, value)| {
+                value.as_f64().map(|lp| lp as f32).ok_or_else(|| {
+                    malformed(format!("`choices[0].logprobs.token_logprobs[{i}]` is {value}, not a number"))
+                })
+            })
+            .collect::<Result<Vec<f32>, _>>()?;
+        Ok(EngineOutput { generation: Generation { token_ids, logprobs, finish_reason }, version })
+    }
+}
+
+impl Engine for VllmEngine {
+    fn generate(&self, request: GenerationRequest) -> BoxFuture<'_, Result<EngineOutput, EngineError>> {
+        Box::pin(async move {
+            let version = self.version();
+            let answer = self.http.post("/v1/completions", &self.payload(&request)).await?;
+            self.parse(&format!("{}/v1/completions", self.url()), &answer, version)
+        })
+    }
+
+    fn name(&self) -> &str {
+        self.http.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engines::http::{dead_url, serve};
+    use axum::Json;
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use kart_core::generation::SamplingParams;
+    use std::sync::{Arc, Mutex};
+
+    type Requests = Arc<Mutex<Vec<Value>>>;
+
+    /// A fake vLLM server answering `/v1/completions` with `status` and `body`, recording requests.
+    async fn fake(status: StatusCode, body: String) -> (String, Requests) {
+        let requests = Requests::default();
+        let seen = requests.clone();
+        let handler = move |Json(request): Json<Value>| {
+            let (seen, body) = (seen.clone(), body.clone());
+            async move {
+                seen.lock().unwrap().push(request);
+                (status, [("content-type", "application/json")], body)
+            }
+        };
+        (serve(axum::Router::new().route("/v1/completions", post(handler))).await, requests)
+    }
+
+    /// A completion shaped like vLLM's (fields it sends that kart ignores included).
+    fn answer(finish_reason: Value) -> String {
+        json!({
+            "id": "cmpl-5b0c1f2e9d8a4c7b",
+            "object": "text_completion",
+            "created": 1_735_689_600,
+            "model": "qwen",
+            "choices": [{
+                "index": 0,
+                "text": "<answer>Paris</answer><|im_end|>",
+                "logprobs": {
+                    "text_offset": [0, 1, 7, 8, 13, 15, 21],
+                    "token_logprobs": [-0.25, -0.0625, -1.5, -0.003, -0.5, -0.125, -0.01],
+                    "tokens": ["token_id:27", "token_id:9217", "token_id:29", "token_id:59604",
+                               "token_id:522", "token_id:9217", "token_id:151645"],
+                    "top_logprobs": [{"token_id:27": -0.25}, {"token_id:9217": -0.0625}, {"token_id:29": -1.5},
+                                     {"token_id:59604": -0.003}, {"token_id:522": -0.5},
+                                     {"token_id:9217": -0.125}, {"token_id:151645": -0.01}]
+                },
+                "finish_reason": finish_reason,
+                "stop_reason": null,
+                "token_ids": null,
+                "prompt_logprobs": null,
+                "prompt_token_ids": null
+            }],
+            "service_tier": null,
+            "system_fingerprint": null,
+            "usage": {"prompt_tokens": 4, "total_tokens": 11, "completion_tokens": 7, "prompt_tokens_details": null},
+            "kv_transfer_params": null
+        })
+        .to_string()
+    }
+
+    fn request() -> GenerationRequest {
+        GenerationRequest {
+            input_ids: vec![9707, 11, 1879, 0],
+            sampling: SamplingParams { temperature: 1.0, top_p: 1.0, top_k: 50, seed: Some(7) },
+            max_new_tokens: 128,
+            stop: vec!["</answer>".into()],
+            stop_token_ids: vec![],
+            ignore_eos: true,
+        }
+    }
+
+    fn engine(url: &str) -> VllmEngine {
+        VllmEngine::new(url, "qwen", Duration::from_secs(10))
+    }
+
+    #[tokio::test]
+    async fn generate_sends_token_ids_and_reads_token_id_logprobs() {
+        let (url, requests) = fake(StatusCode::OK, answer(json!("stop"))).await;
+        let engine = engine(&format!("{url}/v1/"));
+        engine.set_version(9);
+        let output = engine.generate(request()).await.unwrap();
+        assert_eq!(output.generation.token_ids, [27, 9217, 29, 59604, 522, 9217, 151645]);
+        assert_eq!(output.generation.logprobs, [-0.25, -0.0625, -1.5, -0.003, -0.5, -0.125, -0.01]);
+        assert_eq!(output.generation.finish_reason, FinishReason::Stop);
+        assert_eq!(output.version, 9);
+        let expected = json!({
+            "model": "qwen", "prompt": [9707, 11, 1879, 0], "max_tokens": 128, "temperature": 1.0,
+            "top_p": 1.0, "top_k": 50, "seed": 7, "stop": ["</answer>"], "stop_token_ids": [],
+            "ignore_eos": true, "skip_special_tokens": false, "include_stop_str_in_output": true,
+            "logprobs": 0, "return_tokens_as_token_ids": true
+        });
+        assert_eq!(requests.lock().unwrap()[0], expected);
+    }
+
+    #[tokio::test]
+    async fn length_abort_and_top_k_off() {
+        let (url, requests) = fake(StatusCode::OK, answer(json!("length"))).await;
+        let mut greedy = request();
+        greedy.sampling = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, seed: None };
+        assert_eq!(
+            engine(&url).generate(greedy).await.unwrap().generation.finish_reason,
+            FinishReason::Length
+        );
+        let sent = requests.lock().unwrap()[0].clone();
+        assert_eq!(sent["top_k"], -1);
+        assert!(sent.get("seed").is_none());
+
+        let (url, _) = fake(StatusCode::OK, answer(json!("abort"))).await;
+        assert_eq!(
+            engine(&url).generate(request()).await.unwrap_err(),
+            EngineError::Aborted { engine: "vllm".into() }
+        );
+    }
+
+    #[tokio::test]
+    async fn errors_are_sorted_by_status() {
+        let (url, _) = fake(StatusCode::SERVICE_UNAVAILABLE, String::new()).await;
+        let err = engine(&url).generate(request()).await.unwrap_err();
+        assert!(
+            matches!(&err, EngineError::Unavailable { engine, reason } if engine == "vllm" && reason.contains("503")),
+            "{err:?}"
+        );
+
+        let body = json!({"error": {"message": "This model's maximum context length is 4096 tokens.", "type": "BadRequestError", "param": null, "code": 400}});
+        let (url, _) = fake(StatusCode::BAD_REQUEST, body.to_string()).await;
+        match engine(&url).generate(request()).await.unwrap_err() {
+            EngineError::Invalid(message) => {
+                assert!(message.contains("maximum context length is 4096"), "{message}")
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+
+        let err = engine(&dead_url()).generate(request()).await.unwrap_err();
+        assert!(matches!(err, EngineError::Unavailable { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn malformed_answers_are_unavailable_naming_the_field() {
+        let reason = |e: EngineError| match e {
+            EngineError::Unavailable { reason, .. } => reason,
+            other => panic!("expected Unavailable, got {other:?}"),
+        };
+        let (url, _) = fake(StatusCode::OK, "not json".into()).await;
+        assert!(reason(engine(&url).generate(request()).await.unwrap_err()).contains("malformed JSON"));
+
+        let mut odd: Value = serde_json::from_str(&answer(json!("stop"))).unwrap();
+        odd["choices"][0]["logprobs"]["tokens"][1] = json!("<answer>");
+        let (url, _) = fake(StatusCode::OK, odd.to_string()).await;
+        assert!(reason(engine(&url).generate(request()).await.unwrap_err()).contains("logprobs.tokens[1]"));
+
+        let mut odd: Value = serde_json::from_str(&answer(json!("stop"))).unwrap();
+        odd["choices"][0]["logprobs"] = Value::Null;
+        let (url, _) = fake(StatusCode::OK, odd.to_string()).await;
+        assert!(
+            reason(engine(&url).generate(request()).await.unwrap_err())
+                .contains("choices[0].logprobs.tokens")
+        );
+
+        let (url, _) = fake(StatusCode::OK, json!({"choices": []}).to_string()).await;
+        assert!(
+            reason(engine(&url).generate(request()).await.unwrap_err()).contains("choices[0].finish_reason")
+        );
+    }
+}

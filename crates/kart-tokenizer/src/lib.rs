@@ -1,0 +1,13 @@
+//! Text to token ids and back, as transformers does it for a Hugging Face model folder, without
+//! libtorch: the [`Tokenizer`] (with a streaming [`DecodeStream`]) and the model's Jinja
+//! [`ChatTemplate`]. Rollouts tokenise here, so the rollout worker needs no model library.
+//! [`file`] reads a model folder's files for this crate and the ones above it.
+
+mod chat_template;
+mod error;
+pub mod file;
+mod tokenizer;
+
+pub use chat_template::{CHATML, ChatTemplate};
+pub use error::TokenizerError;
+pub use tokenizer::{DecodeStream, Tokenizer};

@@ -1,0 +1,12 @@
+//! The tools agents call, run on behalf of the environments: pure evaluators and the clients and
+//! sandboxes that do I/O. The protocols that decide when a tool runs and how its result reads to
+//! the model live in [`kart_core::agent`]; the tools' contracts in [`kart_core::tool`].
+//!
+//! - [`calculator`]: tool-integrated reasoning's arithmetic evaluator (pure, no `eval`);
+//! - [`python`]: tool-integrated reasoning's Python executor, a sandboxed child process per call;
+//! - [`search`]: search and page access through a retriever over HTTP, and a cache in front of
+//!   any search tool (a local index searched in process is `kart-retriever`'s).
+
+pub mod calculator;
+pub mod python;
+pub mod search;

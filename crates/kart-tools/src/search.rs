@@ -1,0 +1,191 @@
+//! The search and page-access tools as environments call them: a Search-R1 retriever over HTTP,
+//! and an LRU cache of results with a concurrency limit in front of any search tool.
+//!
+//! A failing tool never fails the trajectory: the environment turns a [`ToolError`] into a masked
+//! error observation and counts the failed call.
+
+use futures::future::BoxFuture;
+use kart_core::agent::search_r1::RetrievalResult;
+use kart_core::tool::{Access, Search, Searched, ToolError};
+use lru::LruCache;
+use serde_json::{Value, json};
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// A `kart retriever serve` (or Search-R1 `retrieval_server.py`) reached over HTTP.
+#[derive(Debug, Clone)]
+pub struct HttpRetriever {
+    client: reqwest::Client,
+    retrieve_url: String,
+    access_url: String,
+}
+
+impl HttpRetriever {
+    /// A client for the retriever at `base_url` (e.g. `http://retriever:8000`), with a per-request
+    /// timeout.
+    pub fn new(base_url: &str, timeout: Duration) -> Self {
+        let base = base_url.trim_end_matches('/').trim_end_matches("/retrieve");
+        let client =
+            reqwest::Client::builder().timeout(timeout).build().expect("a default HTTP client builds");
+        HttpRetriever {
+            client,
+            retrieve_url: format!("{base}/retrieve"),
+            access_url: format!("{base}/access"),
+        }
+    }
+
+    async fn post(&self, tool: &'static str, url: &str, payload: &Value) -> Result<Value, ToolError> {
+        let error = |reason: String| ToolError { tool, reason };
+        let response = self.client.post(url).json(payload).send().await.map_err(|e| error(e.to_string()))?;
+        let status = response.status();
+        let body: Value = response.json().await.map_err(|e| error(format!("invalid response body: {e}")))?;
+        if !status.is_success() {
+            return Err(error(format!("{url} answered {status}: {}", body["error"]["message"])));
+        }
+        Ok(body)
+    }
+}
+
+impl Search for HttpRetriever {
+    fn search<'a>(&'a self, queries: &'a [String], topk: usize) -> Searched<'a> {
+        Box::pin(async move {
+            // Exactly what Search-R1's generation.py posts.
+            let payload = json!({"queries": queries, "topk": topk, "return_scores": true});
+            let body = self.post("search", &self.retrieve_url, &payload).await?;
+            serde_json::from_value(body["result"].clone())
+                .map_err(|e| ToolError { tool: "search", reason: format!("unexpected `result`: {e}") })
+        })
+    }
+}
+
+impl Access for HttpRetriever {
+    fn access<'a>(&'a self, url: &'a str) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let body = self.post("access", &self.access_url, &json!({"urls": [url]})).await?;
+            let page = &body["result"][0];
+            match page["page"].as_str() {
+                Some(text) => Ok(text.to_string()),
+                None => Err(ToolError {
+                    tool: "access",
+                    reason: page["error"].as_str().unwrap_or("no page").to_string(),
+                }),
+            }
+        })
+    }
+}
+
+/// Search results by query and topk.
+type Results = LruCache<(String, usize), Vec<RetrievalResult>>;
+
+/// A search tool with an LRU cache of results per (query, topk) and at most `concurrency` calls in
+/// flight.
+pub struct CachedSearch {
+    inner: Arc<dyn Search>,
+    /// `None`: no cache.
+    cache: Option<Mutex<Results>>,
+    permits: Semaphore,
+}
+
+impl CachedSearch {
+    /// Wraps `inner`; a zero `cache_entries` disables caching.
+    pub fn new(inner: Arc<dyn Search>, cache_entries: usize, concurrency: usize) -> Self {
+        let cache = NonZeroUsize::new(cache_entries).map(|capacity| Mutex::new(LruCache::new(capacity)));
+        CachedSearch { inner, cache, permits: Semaphore::new(concurrency.max(1)) }
+    }
+
+    fn cached(&self, query: &str, topk: usize) -> Option<Vec<RetrievalResult>> {
+        self.cache.as_ref()?.lock().expect("cache lock").get(&(query.to_string(), topk)).cloned()
+    }
+}
+
+impl Search for CachedSearch {
+    fn search<'a>(&'a self, queries: &'a [String], topk: usize) -> Searched<'a> {
+        Box::pin(async move {
+            let mut results: Vec<Option<Vec<RetrievalResult>>> =
+                queries.iter().map(|q| self.cached(q, topk)).collect();
+            let missing: Vec<String> =
+                queries.iter().zip(&results).filter(|(_, r)| r.is_none()).map(|(q, _)| q.clone()).collect();
+            if !missing.is_empty() {
+                let _permit = self
+                    .permits
+                    .acquire()
+                    .await
+                    .map_err(|e| ToolError { tool: "search", reason: e.to_string() })?;
+                let mut fetched = self.inner.search(&missing, topk).await?.into_iter();
+                let mut cache = self.cache.as_ref().map(|c| c.lock().expect("cache lock"));
+                for (query, slot) in queries.iter().zip(results.iter_mut()).filter(|(_, r)| r.is_none()) {
+                    let hits = fetched.next().ok_or_else(|| ToolError {
+                        tool: "search",
+                        reason: format!("the retriever answered fewer than {} queries", missing.len()),
+                    })?;
+                    if let Some(cache) = cache.as_mut() {
+                        cache.put((query.clone(), topk), hits.clone());
+                    }
+                    *slot = Some(hits);
+                }
+            }
+            Ok(results.into_iter().map(|r| r.expect("filled above")).collect())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kart_core::agent::search_r1::document;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A backend counting the queries that reach it.
+    struct Counting(AtomicUsize);
+
+    impl Search for Counting {
+        fn search<'a>(&'a self, queries: &'a [String], topk: usize) -> Searched<'a> {
+            self.0.fetch_add(queries.len(), Ordering::SeqCst);
+            let hits = |q: &String| {
+                (0..topk)
+                    .map(|i| RetrievalResult {
+                        document: document(i.to_string(), format!("\"{q}\"\n")),
+                        score: 1.0,
+                    })
+                    .collect()
+            };
+            Box::pin(std::future::ready(Ok(queries.iter().map(hits).collect())))
+        }
+    }
+
+    #[tokio::test]
+    async fn cache_answers_repeated_queries_without_the_backend() {
+        let index = Arc::new(Counting(AtomicUsize::new(0)));
+        let search = CachedSearch::new(index.clone(), 100, 4);
+        let q = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let first = search.search(&q(&["a", "b"]), 2).await.unwrap();
+        let second = search.search(&q(&["b", "c", "a"]), 2).await.unwrap();
+        assert_eq!(index.0.load(Ordering::SeqCst), 3, "only `c` reached the index the second time");
+        assert_eq!(second[0], first[1]);
+        assert_eq!(second[2], first[0]);
+        assert_eq!(second[1][0].document.title.as_deref(), Some("c"));
+        search.search(&q(&["a"]), 3).await.unwrap();
+        assert_eq!(index.0.load(Ordering::SeqCst), 4, "topk is part of the key");
+    }
+
+    #[tokio::test]
+    async fn zero_entries_cache_nothing() {
+        let index = Arc::new(Counting(AtomicUsize::new(0)));
+        let search = CachedSearch::new(index.clone(), 0, 4);
+        for _ in 0..3 {
+            search.search(&["a".to_string()], 2).await.unwrap();
+        }
+        assert_eq!(index.0.load(Ordering::SeqCst), 3, "every query reached the index");
+    }
+
+    #[tokio::test]
+    async fn unreachable_retriever_is_a_tool_error() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let retriever =
+            HttpRetriever::new(&format!("http://127.0.0.1:{port}/retrieve"), Duration::from_secs(2));
+        let err = retriever.search(&["q".to_string()], 3).await.unwrap_err();
+        assert_eq!(err.tool, "search");
+    }
+}

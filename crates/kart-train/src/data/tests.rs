@@ -1,0 +1,333 @@
+use super::*;
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use kart_core::chat::ChatMessage;
+use serde_json::json;
+use std::io::Write;
+use std::process::Command;
+
+fn user(content: &str) -> Vec<ChatMessage> {
+    vec![ChatMessage { role: "user".into(), content: content.into() }]
+}
+
+fn write_lines(dir: &Path, name: &str, lines: &[Value]) -> PathBuf {
+    let path = dir.join(name);
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn search_r1_row(source: &str, index: i64, question: &str, target: Value) -> Value {
+    json!({
+        "data_source": source,
+        "prompt": [{"content": question, "role": "user"}],
+        "ability": "fact-reasoning",
+        "reward_model": {"ground_truth": {"target": target}, "style": "rule"},
+        "extra_info": {"index": index, "split": "train"},
+    })
+}
+
+#[test]
+fn search_r1_parquet_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("train.parquet");
+    let prompts = vec![
+        Task {
+            id: "ignored".into(),
+            messages: Some(vec![
+                ChatMessage { role: "system".into(), content: "Answer.".into() },
+                ChatMessage { role: "user".into(), content: "Who wrote Hamlet?".into() },
+            ]),
+            prompt: None,
+            ground_truth: vec!["Shakespeare".into(), "William Shakespeare".into()],
+            data_source: "nq".into(),
+        },
+        Task {
+            id: "ignored too".into(),
+            messages: None,
+            prompt: Some("Capital of Peru?".into()),
+            ground_truth: vec!["Lima".into()],
+            data_source: "synthetic".into(),
+        },
+    ];
+    write_search_r1(&path, &prompts, "fact-reasoning", "train").unwrap();
+    let read = Dataset::load(&path, DataFormat::Auto, false, 0).unwrap();
+    assert_eq!(read.skipped, 0);
+    assert_eq!(read.prompts[0], Task { id: "nq/0".into(), ..prompts[0].clone() });
+    assert_eq!(
+        read.prompts[1],
+        Task {
+            id: "synthetic/1".into(),
+            messages: Some(user("Capital of Peru?")),
+            prompt: None,
+            ..prompts[1].clone()
+        }
+    );
+    let nothing = Task { messages: None, prompt: None, ..prompts[0].clone() };
+    let e = write_search_r1(&path, &[prompts[0].clone(), nothing], "qa", "train").unwrap_err();
+    assert!(
+        e.to_string().ends_with("row 1 (0-based): messages: a prompt needs `messages` or `prompt`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn merged_sources_reusing_indices_get_distinct_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_lines(
+        dir.path(),
+        "merged.jsonl",
+        &[
+            search_r1_row("nq", 0, "q0", json!(["a"])),
+            search_r1_row("nq", 1, "q1", json!(["b"])),
+            search_r1_row("hotpotqa", 0, "h0", json!("c")),
+            search_r1_row("hotpotqa", 1, "h1", json!(["d"])),
+            search_r1_row("nq", 0, "q0 again", json!(["e"])),
+            search_r1_row("nq", 0, "q0 thrice", json!(["f"])),
+        ],
+    );
+    let read = Dataset::load(&path, DataFormat::Auto, false, 0).unwrap();
+    let ids: Vec<&str> = read.prompts.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(ids, ["nq/0", "nq/1", "hotpotqa/0", "hotpotqa/1", "nq/0#1", "nq/0#2"]);
+    assert_eq!(read.prompts[2].ground_truth, ["c"]);
+    let mut ids = Ids::default();
+    assert_eq!(ids.unique("x#1".into()), "x#1");
+    assert_eq!(ids.unique("x".into()), "x");
+    assert_eq!(ids.unique("x".into()), "x#2");
+}
+
+#[test]
+fn asearcher_gzip_and_tir_json_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("asearcher.jsonl.gz");
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    for row in [
+        json!({"id": "a-1", "question": "Q1", "answer": "A1", "source": "ignored"}),
+        json!({"id": 7, "question": "Q2", "answers": ["A2", "B2"]}),
+        json!({"question": "Q3", "answer": "A3"}),
+    ] {
+        writeln!(gz, "{row}").unwrap();
+    }
+    std::fs::write(&path, gz.finish().unwrap()).unwrap();
+    let read = Dataset::load(&path, DataFormat::Auto, false, 0).unwrap();
+    let got: Vec<_> =
+        read.prompts.iter().map(|p| (p.id.as_str(), p.prompt.as_deref(), p.ground_truth.len())).collect();
+    assert_eq!(got, [("a-1", Some("Q1"), 1), ("7", Some("Q2"), 2), ("asearcher/2", Some("Q3"), 1)]);
+    assert!(read.prompts.iter().all(|p| p.messages.is_none() && p.data_source == "asearcher"));
+
+    let path = write_lines(
+        dir.path(),
+        "tir.jsonl",
+        &[
+            json!({"messages": [{"role": "user", "content": "1+1?"}], "answer": 2}),
+            json!({"problem": "2*3?", "answer": "6", "data_source": "math"}),
+        ],
+    );
+    let read = Dataset::load(&path, DataFormat::Auto, false, 0).unwrap();
+    assert_eq!(
+        read.prompts[0],
+        Task {
+            id: "tir/0".into(),
+            messages: Some(user("1+1?")),
+            prompt: None,
+            ground_truth: vec!["2".into()],
+            data_source: "tir".into(),
+        }
+    );
+    assert_eq!((read.prompts[1].id.as_str(), read.prompts[1].prompt.as_deref()), ("math/1", Some("2*3?")));
+}
+
+#[test]
+fn bad_rows_fail_naming_file_row_and_field_or_are_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = json!({"id": 1, "question": "Q", "answer": "A"});
+    let path = dir.path().join("qa.jsonl");
+    let lines = [
+        good.to_string(),
+        "".into(),
+        r#"{"id": 2, "question": "Q"}"#.into(),
+        "{not json".into(),
+        good.to_string(),
+    ];
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    let e = Dataset::load(&path, DataFormat::Asearcher, false, 0).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("{}: row 2 (0-based): answer: missing (a row needs `answer` or `answers`)", path.display())
+    );
+    let read = Dataset::load(&path, DataFormat::Asearcher, true, 0).unwrap();
+    assert_eq!(read.skipped, 2);
+    // The repeated id 1 (row 4) is kept apart from row 0.
+    assert_eq!(read.prompts.iter().map(|p| &p.id[..]).collect::<Vec<_>>(), ["1", "1#1"]);
+
+    // A Search-R1 parquet file whose column has the wrong shape.
+    let parquet = dir.path().join("bad.parquet");
+    write_search_r1(
+        &parquet,
+        &[Task {
+            id: String::new(),
+            messages: None,
+            prompt: Some("Q".into()),
+            ground_truth: vec!["A".into()],
+            data_source: "nq".into(),
+        }],
+        "qa",
+        "test",
+    )
+    .unwrap();
+    let e = Dataset::load(&parquet, DataFormat::Tir, false, 0).unwrap_err();
+    assert!(
+        e.to_string().ends_with(
+            "row 0 (0-based): question: missing (a row needs `question`, `problem` or `messages`)"
+        ),
+        "{e}"
+    );
+    let e = Dataset::load(&parquet, DataFormat::Tir, true, 0).unwrap_err();
+    assert!(matches!(e, DataError::Empty { skipped: 1, .. }), "{e}");
+    let e = Dataset::load(&dir.path().join("missing.parquet"), DataFormat::Auto, false, 0).unwrap_err();
+    assert!(matches!(e, DataError::Io { .. }), "{e}");
+}
+
+#[test]
+fn max_prompts_truncates_and_config_selects_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<Value> = (0..5).map(|i| json!({"question": format!("Q{i}"), "answer": "A"})).collect();
+    let train = write_lines(dir.path(), "train.jsonl", &rows);
+    let config =
+        DataConfig { train: train.clone(), test: Some(train), max_prompts: 3, ..DataConfig::default() };
+    let read = Dataset::train(&config).unwrap();
+    assert_eq!(
+        read.prompts.iter().map(|p| p.prompt.as_deref().unwrap()).collect::<Vec<_>>(),
+        ["Q0", "Q1", "Q2"]
+    );
+    assert_eq!(Dataset::test(&config, 0).unwrap().unwrap().prompts.len(), 5);
+    assert_eq!(Dataset::test(&DataConfig { test: None, ..config }, 0).unwrap(), None);
+}
+
+#[test]
+fn prompts_serialise_as_rollout_tasks() {
+    let p = Task {
+        id: "nq/3".into(),
+        messages: None,
+        prompt: Some("Q".into()),
+        ground_truth: vec!["A".into()],
+        data_source: "nq".into(),
+    };
+    assert_eq!(
+        serde_json::to_value(&p).unwrap(),
+        json!({"id": "nq/3", "prompt": "Q", "ground_truth": ["A"], "data_source": "nq"})
+    );
+    let p = Task { messages: Some(user("Q")), prompt: None, ..p };
+    assert_eq!(serde_json::to_value(&p).unwrap()["messages"], json!([{"role": "user", "content": "Q"}]));
+}
+
+/// The project venv's Python (`$KART_VENV`, else `.venv` at the repository root), if present.
+fn venv_python() -> Option<PathBuf> {
+    let venv = std::env::var_os("KART_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv"));
+    let python = venv.join("bin/python");
+    python.exists().then_some(python)
+}
+
+/// Search-R1's data scripts write parquet with pandas/pyarrow (`nq_search.py`, then
+/// `qa_search_train_merge.py` concatenating sources whose `extra_info.index` restart at 0); kart
+/// reads those files, and pyarrow reads the files kart writes.
+#[test]
+fn parquet_interoperates_with_pandas_and_pyarrow() {
+    let Some(python) = venv_python() else {
+        println!("skipped: no project venv (run scripts/setup.sh, or set KART_VENV)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = dir.path().join("upstream.parquet");
+    let ours = dir.path().join("ours.parquet");
+    write_search_r1(
+        &ours,
+        &[
+            Task {
+                id: String::new(),
+                messages: Some(user("Who?")),
+                prompt: None,
+                ground_truth: vec!["Ann".into(), "Anne".into()],
+                data_source: "nq".into(),
+            },
+            Task {
+                id: String::new(),
+                messages: None,
+                prompt: Some("Where?".into()),
+                ground_truth: vec!["Oslo".into()],
+                data_source: "hotpotqa".into(),
+            },
+        ],
+        "fact-reasoning",
+        "test",
+    )
+    .unwrap();
+    let script = r#"
+import json, sys
+import numpy as np, pandas as pd, pyarrow.parquet as pq
+
+def source(name, rows, split):
+    out = []
+    for idx, (question, answers) in enumerate(rows):
+        out.append({
+            "id": f"{split}_{idx}", "question": question, "golden_answers": answers,
+            "data_source": name,
+            "prompt": [{"role": "user", "content": f"Answer: {question}?"}],
+            "ability": "fact-reasoning",
+            "reward_model": {"style": "rule", "ground_truth": {"target": np.array(answers, dtype=object)}},
+            "extra_info": {"split": split, "index": idx},
+        })
+    return pd.DataFrame(out)
+
+merged = pd.concat([
+    source("nq", [("who wrote hamlet", ["Shakespeare"]), ("capital of peru", ["Lima", "Lima, Peru"])], "train"),
+    source("hotpotqa", [("which is older", ["the oak"])], "train"),
+], ignore_index=True)
+merged.to_parquet(sys.argv[1])
+
+table = pq.read_table(sys.argv[2])
+print(json.dumps({"schema": str(table.schema.remove_metadata()), "rows": table.to_pylist()}))
+"#;
+    let out = Command::new(&python).arg("-c").arg(script).arg(&upstream).arg(&ours).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let read = Dataset::load(&upstream, DataFormat::Auto, false, 0).unwrap();
+    let got: Vec<_> = read
+        .prompts
+        .iter()
+        .map(|p| (p.id.as_str(), p.messages.as_ref().unwrap()[0].content.as_str(), p.ground_truth.join("|")))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("nq/0", "Answer: who wrote hamlet?", "Shakespeare".to_owned()),
+            ("nq/1", "Answer: capital of peru?", "Lima|Lima, Peru".to_owned()),
+            ("hotpotqa/0", "Answer: which is older?", "the oak".to_owned()),
+        ]
+    );
+
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let schema = seen["schema"].as_str().unwrap();
+    for column in [
+        "data_source: string",
+        "prompt: list<element: struct<content: string, role: string>>",
+        "ability: string",
+        "reward_model: struct<ground_truth: struct<target: list<element: string>>, style: string>",
+        "extra_info: struct<index: int64, split: string>",
+    ] {
+        assert!(schema.contains(column), "{column} not in {schema}");
+    }
+    assert_eq!(
+        seen["rows"][1],
+        json!({
+            "data_source": "hotpotqa",
+            "prompt": [{"content": "Where?", "role": "user"}],
+            "ability": "fact-reasoning",
+            "reward_model": {"ground_truth": {"target": ["Oslo"]}, "style": "rule"},
+            "extra_info": {"index": 1, "split": "test"},
+        })
+    );
+    assert_eq!(seen["rows"][0]["reward_model"]["ground_truth"]["target"], json!(["Ann", "Anne"]));
+}

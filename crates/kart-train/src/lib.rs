@@ -1,0 +1,32 @@
+//! The trainer (`kart train`): data, advantages, losses, optimisation, weight sync, checkpoints
+//! and evaluation. Its configuration is [`kart_core::config::train::TrainConfig`].
+//!
+//! - [`data`]: the prompts of the three dataset formats and their seeded order;
+//! - [`batch`]: trajectories as samples and padded micro-batches;
+//! - [`losses`]: the RL losses on tensors (the twins of [`kart_core::rl`]);
+//! - [`optim`]: AdamW, gradient clipping and the learning-rate schedule;
+//! - [`critic`]: the value model of PPO;
+//! - [`update`]: one optimisation step;
+//! - [`pool`]: where trajectories come from (in process or rollout workers);
+//! - [`weights`]: how new weights reach the engines;
+//! - [`checkpoint`], [`eval`], [`record`], [`metrics`], [`dump`], [`server`]: the run's outputs,
+//!   and
+//!   [`progress`]: progress bars on a terminal;
+//! - [`trainer`]: the loop.
+
+pub mod batch;
+pub mod checkpoint;
+pub mod critic;
+pub mod data;
+pub mod dump;
+pub mod eval;
+pub mod losses;
+pub mod metrics;
+pub mod optim;
+pub mod pool;
+pub mod progress;
+pub mod record;
+pub mod server;
+pub mod trainer;
+pub mod update;
+pub mod weights;

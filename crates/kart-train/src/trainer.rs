@@ -1,0 +1,727 @@
+//! The training loop: ask the pool for groups (keeping at most `max_staleness` versions in
+//! flight), update, publish weights, evaluate, checkpoint.
+
+use super::batch::Sample;
+use super::checkpoint::{self, CheckpointError, Loaded, Parts, TrainerState};
+use super::data::{DataError, Dataset, Sampler};
+use super::dump::RolloutDump;
+use super::eval::{self, Evaluation, Report, Scored};
+use super::metrics::{MetricsLog, TrainerMetrics};
+use super::pool::{InProcessPool, RemotePool, RolloutPool};
+use super::record::{Key, StepRecord, keys};
+use super::server::{Phase, StatusHandle};
+use super::update::{Learner, LearnerError};
+use super::weights::{Publisher, PullFrom, SyncError, WeightStore};
+use futures::StreamExt;
+use kart_core::agent::trajectory::{Status, Trajectory};
+use kart_core::config::ConfigError;
+use kart_core::config::train::{Device, TrainConfig, WeightSync};
+use kart_core::generation::SamplingParams;
+use kart_core::wire::{Group, RolloutRequest, Task};
+use kart_model::{CausalLm, EmbeddedEngine, ModelError, save_pretrained};
+use kart_retriever::docstore::Manifest;
+use kart_retriever::{InProcess, RetrieverError};
+use kart_rollout::env::{Context, ContextError};
+use kart_rollout::metrics::RolloutMetrics;
+use kart_tokenizer::{Tokenizer, TokenizerError};
+use prometheus::Registry;
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Why a run could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("config: {0}")]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error("model: {0}")]
+    Model(#[from] ModelError),
+    #[error("model: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Learner(#[from] LearnerError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("{path}: data cursor: {source}")]
+    Cursor { path: PathBuf, source: serde_json::Error },
+    #[error("rollout.index {path}: {source}")]
+    Index { path: PathBuf, source: Box<RetrieverError> },
+    #[error("rollout: {0}")]
+    Context(#[from] ContextError),
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+    #[error("step {step}: {reason}")]
+    Rollout { step: u64, reason: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "output_dir {dir}: holds an earlier run ({what}); pass --resume to continue it, or choose an empty output_dir"
+    )]
+    EarlierRun { dir: PathBuf, what: String },
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// Steps completed.
+    pub steps: u64,
+    /// The evaluation before the first step (absent on a resumed run or without a test split).
+    pub first_eval: Option<Evaluation>,
+    /// The last evaluation.
+    pub last_eval: Option<Evaluation>,
+    /// The final model's Hugging Face folder.
+    pub model_dir: PathBuf,
+    /// The newest checkpoint.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// A batch of groups for one step.
+struct Batch {
+    groups: Vec<Group>,
+    failed: usize,
+    filtered: usize,
+    cursor: Sampler,
+    rollout_secs: f64,
+}
+
+/// What a rollout request needs, shareable with the task that makes it.
+#[derive(Clone)]
+struct Collector {
+    pool: Arc<dyn RolloutPool>,
+    prompts: Arc<Vec<Task>>,
+    sampler: Arc<Mutex<Sampler>>,
+    config: Arc<TrainConfig>,
+}
+
+/// Rounds of over-sampling to refill a batch whose groups were filtered out.
+const FILTER_ROUNDS: usize = 4;
+
+impl Collector {
+    async fn collect(self, step: u64, version: i64) -> Result<Batch, TrainError> {
+        let c = &self.config;
+        let started = Instant::now();
+        let needed = c.batch.prompts;
+        let (mut groups, mut failed, mut filtered, mut last_error) = (Vec::new(), 0, 0, String::new());
+        let mut cursor = *self.sampler.lock().expect("sampler lock");
+        for round in 0..=FILTER_ROUNDS {
+            let want = needed - groups.len();
+            let draw = if round == 0 { want } else { want * 2 };
+            let indices = {
+                let mut sampler = self.sampler.lock().expect("sampler lock");
+                let indices = sampler.next_batch(draw, self.prompts.len());
+                cursor = *sampler;
+                indices
+            };
+            let request = RolloutRequest {
+                prompts: unique_tasks(indices.iter().map(|&i| &self.prompts[i])),
+                n: c.batch.n,
+                sampling: sampling(c, seed_of(c.seed, step, round)),
+                policy_version: Some(version),
+                env: Some(c.rollout.env.clone()),
+                weights: None,
+            };
+            let mut stream = self.pool.rollout(request);
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(g) if c.algorithm.filter_groups && !has_variance(&g) => filtered += 1,
+                    Ok(g) => groups.push(g),
+                    Err(e) => {
+                        tracing::warn!(step, error = %e, "group failed");
+                        failed += 1;
+                        last_error = e.to_string();
+                    }
+                }
+            }
+            if groups.len() >= needed || !c.algorithm.filter_groups {
+                break;
+            }
+        }
+        if groups.is_empty() {
+            let reason = match failed {
+                0 => format!("all {filtered} groups had rewards without variance"),
+                n => format!("no group could be rolled out ({n} failed; last: {last_error})"),
+            };
+            return Err(TrainError::Rollout { step, reason });
+        }
+        groups.truncate(needed);
+        Ok(Batch { groups, failed, filtered, cursor, rollout_secs: started.elapsed().as_secs_f64() })
+    }
+}
+
+/// The tasks of `prompts`, ids made unique within the request (a batch crossing an epoch
+/// boundary can hold a prompt twice).
+fn unique_tasks<'a>(prompts: impl Iterator<Item = &'a Task>) -> Vec<Task> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    prompts
+        .map(|t| {
+            let count = seen.entry(t.id.clone()).or_insert(0);
+            *count += 1;
+            let mut task = t.clone();
+            if *count > 1 {
+                task.id = format!("{}~{}", t.id, *count - 1);
+            }
+            task
+        })
+        .collect()
+}
+
+/// Refuses to start a new run where an earlier one left checkpoints or metrics: its checkpoints
+/// would outrank the new run's when pruning and resuming, and its records would be lost.
+fn refuse_earlier_run(out: &std::path::Path) -> Result<(), TrainError> {
+    let earlier = |what: String| Err(TrainError::EarlierRun { dir: out.to_path_buf(), what });
+    if let Some((step, _)) = checkpoint::list(&out.join("checkpoints")).pop() {
+        return earlier(format!("a checkpoint of step {step}"));
+    }
+    let metrics = out.join("metrics.jsonl");
+    if std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0) {
+        return earlier(format!("{} is not empty", metrics.display()));
+    }
+    Ok(())
+}
+
+fn has_variance(g: &Group) -> bool {
+    let mut rewards = g.trajectories.iter().filter(|t| t.status != Status::Aborted).map(|t| t.reward);
+    let Some(first) = rewards.next() else { return false };
+    rewards.any(|r| r != first)
+}
+
+fn seed_of(seed: u64, step: u64, round: usize) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ step.wrapping_mul(1_000_003) ^ (round as u64) << 48
+}
+
+fn sampling(c: &TrainConfig, seed: u64) -> SamplingParams {
+    let s = &c.rollout.sampling;
+    SamplingParams { temperature: s.temperature, top_p: s.top_p, top_k: s.top_k, seed: Some(seed) }
+}
+
+/// The training run.
+pub struct Trainer {
+    config: Arc<TrainConfig>,
+    learner: Learner,
+    tokenizer: Tokenizer,
+    collector: Collector,
+    publisher: Publisher,
+    test: Vec<Task>,
+    step: u64,
+    version: i64,
+    /// The data cursor after the last trained batch (what a checkpoint stores).
+    cursor: Sampler,
+    metrics: TrainerMetrics,
+    log: MetricsLog,
+    dump: Option<RolloutDump>,
+    status: StatusHandle,
+    checkpoint: Option<PathBuf>,
+    remote: bool,
+}
+
+impl Trainer {
+    /// Loads data, models and optimiser state (from the newest checkpoint when `resume`; without
+    /// it, an output folder holding an earlier run is refused), and connects the pool.
+    /// `advertise_url` is where workers reach this trainer's `/weights`.
+    pub fn build(
+        config: TrainConfig,
+        resume: bool,
+        registry: &Registry,
+        status: StatusHandle,
+        weights: WeightStore,
+        advertise_url: String,
+    ) -> Result<Trainer, TrainError> {
+        config.validate()?;
+        let out = config.output_dir.clone();
+        std::fs::create_dir_all(&out).map_err(|source| TrainError::Io { path: out.clone(), source })?;
+        let train = Dataset::train(&config.data)?.prompts;
+        let test = Dataset::test(&config.data, config.eval.max_prompts)?.map_or_else(Vec::new, |d| d.prompts);
+        let loaded = if resume {
+            checkpoint::latest(&out.join("checkpoints")).map(|d| checkpoint::load(&d)).transpose()?
+        } else {
+            refuse_earlier_run(&out)?;
+            None
+        };
+        let (step, version, sampler) = position(&config, loaded.as_ref())?;
+        let device = device(config.device);
+        let learner = Learner::load(&config, loaded.as_ref(), device)?;
+        let tokenizer = Tokenizer::load(&config.model)?;
+        let policy_dir = loaded.as_ref().map_or_else(|| config.model.clone(), Loaded::policy_dir);
+        let endpoints = Endpoints { registry, weights, advertise_url };
+        let (pool, publisher) = connect(&config, &policy_dir, device, version, &tokenizer, endpoints)?;
+        let resumed = loaded.as_ref().map(|l| l.state.step);
+        let (log, dump) = open_outputs(&config, &tokenizer, resumed)?;
+        let config = Arc::new(config);
+        status.update(|s| {
+            s.total_steps = config.total_steps;
+            s.step = step;
+            s.policy_version = version;
+            s.checkpoint = loaded.as_ref().map(|l| l.dir.display().to_string());
+        });
+        Ok(Trainer {
+            learner,
+            tokenizer,
+            collector: Collector {
+                pool,
+                prompts: Arc::new(train),
+                sampler: Arc::new(Mutex::new(sampler)),
+                config: config.clone(),
+            },
+            publisher,
+            test,
+            step,
+            version,
+            cursor: sampler,
+            metrics: TrainerMetrics::new(registry),
+            log,
+            dump,
+            status,
+            checkpoint: loaded.map(|l| l.dir),
+            remote: !config.rollout.urls.is_empty(),
+            config,
+        })
+    }
+
+    /// Runs to `total_steps`; returns the summary. The status phase ends `finished` or `failed`.
+    pub async fn run(mut self) -> Result<RunSummary, TrainError> {
+        let result = self.run_inner().await;
+        if let Err(e) = &result {
+            self.status.update(|s| {
+                s.phase = Phase::Failed;
+                s.error = Some(e.to_string());
+            });
+        }
+        result
+    }
+
+    async fn run_inner(&mut self) -> Result<RunSummary, TrainError> {
+        let total = self.config.total_steps;
+        if self.version > 0 || self.remote {
+            self.publish().await?;
+        }
+        let first_eval = match self.step {
+            0 => self.evaluate().await?,
+            _ => None,
+        };
+        if let Some(report) = &first_eval {
+            let mut record = StepRecord::default();
+            record.set(keys::STEP, 0.0);
+            write_eval(&mut record, report);
+            self.append(&record)?;
+        }
+        let mut last_eval = first_eval.clone();
+        let mut in_flight = VecDeque::new();
+        let mut next = self.step;
+        let progress = crate::progress::bar("training", total, self.step);
+        while self.step < total {
+            while next < total && next - self.step <= self.config.rollout.max_staleness {
+                let collector = self.collector.clone();
+                in_flight.push_back(tokio::spawn(collector.collect(next, self.version)));
+                next += 1;
+            }
+            let batch = in_flight
+                .pop_front()
+                .expect("a batch is in flight")
+                .await
+                .map_err(|e| TrainError::Rollout { step: self.step, reason: e.to_string() })??;
+            self.status.update(|s| s.phase = Phase::Training);
+            let mut record = self.train_step(batch).await?;
+            let step = self.step;
+            let every = |n: u64| n > 0 && step.is_multiple_of(n);
+            if (every(self.config.eval.every) || (step == total && !self.test.is_empty()))
+                && let Some(report) = self.evaluate().await?
+            {
+                write_eval(&mut record, &report);
+                last_eval = Some(report);
+            }
+            self.append(&record)?;
+            if every(self.config.checkpoint.every) || step == total {
+                self.save_checkpoint(&record).await?;
+            }
+            progress.set_position(step);
+            progress.set_message(format!(
+                "reward {:.3}{}",
+                record.get(&keys::REWARD_MEAN).unwrap_or(f64::NAN),
+                last_eval
+                    .as_ref()
+                    .map(|r| format!(" · eval EM {:.3}", r.greedy.all.exact_match))
+                    .unwrap_or_default()
+            ));
+        }
+        progress.finish_and_clear();
+        let model_dir = self.config.output_dir.join("model");
+        tokio::task::block_in_place(|| self.save_policy(&model_dir))?;
+        self.status.update(|s| s.phase = Phase::Finished);
+        Ok(RunSummary {
+            steps: self.step,
+            first_eval,
+            last_eval,
+            model_dir,
+            checkpoint: self.checkpoint.clone(),
+        })
+    }
+
+    fn append(&self, record: &StepRecord) -> Result<(), TrainError> {
+        let path = self.config.output_dir.join("metrics.jsonl");
+        self.log.append(record).map_err(|source| TrainError::Io { path, source })
+    }
+
+    /// One step on `batch`: samples, update, weight sync, metrics.
+    async fn train_step(&mut self, batch: Batch) -> Result<StepRecord, TrainError> {
+        let started = Instant::now();
+        let c = self.config.clone();
+        let trajectories: Vec<&Trajectory> = batch.groups.iter().flat_map(|g| &g.trajectories).collect();
+        let mut samples = Vec::new();
+        for (gi, g) in batch.groups.iter().enumerate() {
+            for t in &g.trajectories {
+                if t.status != Status::Aborted {
+                    samples.push(Sample::new(t, gi, c.algorithm.mask_observations));
+                }
+            }
+        }
+        let mut record = batch_record(&trajectories, self.version, &self.metrics);
+        record.set(keys::STEP, (self.step + 1) as f64);
+        record.set(keys::GROUPS_FAILED, batch.failed as f64);
+        record.set(keys::GROUPS_FILTERED, batch.filtered as f64);
+        let tokens: usize = samples.iter().map(Sample::len).sum();
+        let update_started = Instant::now();
+        let step = self.step;
+        let learner = &mut self.learner;
+        let update = tokio::task::block_in_place(|| learner.step(&mut samples, &c, step));
+        record.extend(update);
+        let update_secs = update_started.elapsed().as_secs_f64();
+        if let Some(dump) = &self.dump {
+            dump.write(self.step + 1, &trajectories)
+                .map_err(|source| TrainError::Io { path: c.output_dir.join("rollouts.jsonl"), source })?;
+        }
+        self.step += 1;
+        self.version += 1;
+        self.cursor = batch.cursor;
+        let sync_started = Instant::now();
+        self.publish().await?;
+        let sync_secs = sync_started.elapsed().as_secs_f64();
+        let total_secs = started.elapsed().as_secs_f64() + batch.rollout_secs;
+        record.set(keys::TIMING_ROLLOUT, batch.rollout_secs);
+        record.set(keys::TIMING_UPDATE, update_secs);
+        record.set(keys::TIMING_SYNC, sync_secs);
+        record.set(keys::TIMING_STEP, total_secs);
+        record.set(keys::TOKENS_PER_SECOND, tokens as f64 / (update_secs + batch.rollout_secs).max(1e-9));
+        record.set(keys::POLICY_VERSION, self.version as f64);
+        self.observe(&record, sync_secs);
+        Ok(record)
+    }
+}
+
+impl Trainer {
+    /// Publishes the policy as the current version.
+    async fn publish(&self) -> Result<(), TrainError> {
+        let started = Instant::now();
+        self.publisher.publish(&self.learner.policy, self.version).await?;
+        self.metrics.weight_sync_seconds.observe(started.elapsed().as_secs_f64());
+        self.metrics.policy_version.set(self.version as f64);
+        self.status.update(|s| s.policy_version = self.version);
+        Ok(())
+    }
+
+    /// The held-out evaluation: greedy, and sampled as in training when `eval.sampled_n` is set;
+    /// `None` without a test split.
+    async fn evaluate(&self) -> Result<Option<Evaluation>, TrainError> {
+        if self.test.is_empty() {
+            return Ok(None);
+        }
+        self.status.update(|s| s.phase = Phase::Evaluating);
+        let argmax = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: -1, seed: Some(self.config.seed) };
+        let greedy = self.score_test(1, argmax).await?;
+        // The run's seed at every evaluation: evaluations differ by the policy, not by the draw.
+        // The passes run one after the other: run concurrently, timing would decide how the
+        // engine batches them together, and batch shapes can change the logits' last bits.
+        let sampled = match self.config.eval.sampled_n {
+            0 => None,
+            n => Some(self.score_test(n, sampling(&self.config, self.config.seed)).await?),
+        };
+        for (source, summary) in greedy.sources() {
+            self.metrics.eval_exact_match.with_label_values(&[source]).set(summary.exact_match);
+            self.metrics.eval_f1.with_label_values(&[source]).set(summary.f1);
+            self.metrics.eval_reward.with_label_values(&[source]).set(summary.reward);
+        }
+        for (source, summary) in sampled.iter().flat_map(Report::sources) {
+            self.metrics.eval_sampled_reward.with_label_values(&[source]).set(summary.reward);
+        }
+        self.status.update(|s| {
+            s.eval_em = Some(greedy.all.exact_match);
+            s.phase = Phase::Training;
+        });
+        Ok(Some(Evaluation { greedy, sampled }))
+    }
+
+    /// Rollouts of the held-out prompts, `n` per prompt, scored against their golden answers.
+    async fn score_test(&self, n: usize, sampling: SamplingParams) -> Result<Report, TrainError> {
+        let request = RolloutRequest {
+            prompts: self.test.clone(),
+            n,
+            sampling,
+            policy_version: Some(self.version),
+            env: Some(self.config.rollout.env.clone()),
+            weights: None,
+        };
+        let truth: HashMap<&str, &Task> = self.test.iter().map(|t| (t.id.as_str(), t)).collect();
+        let mut stream = self.collector.pool.rollout(request);
+        let mut scored = Vec::new();
+        while let Some(item) = stream.next().await {
+            let Ok(group) = item else { continue };
+            let Some(task) = truth.get(group.prompt_id.as_str()) else { continue };
+            for t in &group.trajectories {
+                let response = self.tokenizer.decode(t.response_ids(), true)?;
+                let (exact_match, f1) = eval::score_answer(&response, &task.ground_truth);
+                scored.push(Scored {
+                    data_source: task.data_source.clone(),
+                    exact_match,
+                    f1,
+                    reward: t.reward,
+                    tool_calls: f64::from(t.stats.total_tool_calls()),
+                    valid_format: eval::answer_of(&response).is_some()
+                        && t.stats.valid_actions >= t.stats.turns,
+                });
+            }
+        }
+        Ok(Report::new(&scored))
+    }
+
+    /// Writes the policy as a Hugging Face folder (tokenizer files from the base model).
+    fn save_policy(&self, dir: &Path) -> Result<(), ModelError> {
+        let policy = &self.learner.policy;
+        save_pretrained(
+            dir,
+            policy.config(),
+            &policy.named_tensors(),
+            Some(&self.config.model),
+            policy.kind(),
+        )
+    }
+
+    /// Writes a checkpoint of the current step.
+    async fn save_checkpoint(&mut self, record: &StepRecord) -> Result<(), TrainError> {
+        self.status.update(|s| s.phase = Phase::Checkpointing);
+        let state = TrainerState {
+            step: self.step,
+            policy_version: self.version,
+            seed: self.config.seed,
+            data_cursor: serde_json::to_value(self.cursor).expect("the cursor serialises"),
+            optimizer_steps: self.learner.optimizer.steps(),
+            critic_optimizer_steps: self.learner.critic.as_ref().map(|(_, o)| o.steps()),
+        };
+        let (optimizer, _) = self.learner.optimizer.state();
+        let parts = Parts {
+            state: &state,
+            optimizer,
+            critic: self.learner.critic.as_ref().map(|(c, _)| c.parameters()),
+            critic_optimizer: self.learner.critic.as_ref().map(|(_, o)| o.state().0),
+        };
+        let root = self.config.output_dir.join("checkpoints");
+        let dir = tokio::task::block_in_place(|| {
+            checkpoint::save(&root, |d| self.save_policy(d), parts, self.config.checkpoint.keep)
+        })?;
+        tracing::info!(step = self.step, checkpoint = %dir.display(), reward = record.get(&keys::REWARD_MEAN), "checkpoint written");
+        self.metrics.checkpoints.inc();
+        self.status.update(|s| {
+            s.checkpoint = Some(dir.display().to_string());
+            s.phase = Phase::Training;
+        });
+        self.checkpoint = Some(dir);
+        Ok(())
+    }
+
+    /// Sets the Prometheus metrics from a step's record.
+    fn observe(&self, r: &StepRecord, sync_secs: f64) {
+        let m = &self.metrics;
+        let get = |k: Key| r.get(&k).unwrap_or(0.0);
+        m.step.set(self.step as f64);
+        m.reward.set(get(keys::REWARD_MEAN));
+        m.kl.set(get(keys::ACTOR_KL));
+        m.entropy.set(get(keys::ACTOR_ENTROPY));
+        m.clip_fraction.set(get(keys::ACTOR_CLIPFRAC));
+        m.grad_norm.set(get(keys::ACTOR_GRAD_NORM));
+        m.learning_rate.set(get(keys::ACTOR_LR));
+        m.tokens_per_second.set(get(keys::TOKENS_PER_SECOND));
+        for (term, key) in [
+            ("policy", keys::ACTOR_PG_LOSS),
+            ("kl", keys::ACTOR_KL),
+            ("entropy", keys::ACTOR_ENTROPY),
+            ("value", keys::CRITIC_VF_LOSS),
+        ] {
+            m.loss.with_label_values(&[term]).set(get(key));
+        }
+        let a = &self.config.algorithm;
+        let total = get(keys::ACTOR_PG_LOSS) + a.kl_coef * get(keys::ACTOR_KL)
+            - a.entropy_coef * get(keys::ACTOR_ENTROPY);
+        m.loss.with_label_values(&["total"]).set(total);
+        for (phase, key) in
+            [("rollout", keys::TIMING_ROLLOUT), ("update", keys::TIMING_UPDATE), ("total", keys::TIMING_STEP)]
+        {
+            m.step_seconds.with_label_values(&[phase]).observe(get(key));
+        }
+        m.step_seconds.with_label_values(&["sync"]).observe(sync_secs);
+        m.last_step_timestamp.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
+        let reward = r.get(&keys::REWARD_MEAN);
+        self.status.update(|s| {
+            s.step = self.step;
+            s.reward = reward;
+        });
+    }
+}
+
+/// The figures of a batch's trajectories.
+fn batch_record(trajectories: &[&Trajectory], version: i64, metrics: &TrainerMetrics) -> StepRecord {
+    let mut r = StepRecord::default();
+    let scored: Vec<&&Trajectory> = trajectories.iter().filter(|t| t.status != Status::Aborted).collect();
+    let n = scored.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&Trajectory) -> f64| scored.iter().map(|t| f(t)).fold(0.0, |a, b| a + b) / n;
+    let reward = mean(&|t| t.reward);
+    r.set(keys::REWARD_MEAN, reward);
+    r.set(keys::REWARD_STD, (mean(&|t| (t.reward - reward).powi(2))).sqrt());
+    r.set(keys::RESPONSE_LENGTH_MEAN, mean(&|t| f64::from(t.stats.response_tokens)));
+    r.set(keys::TURNS_MEAN, mean(&|t| f64::from(t.stats.turns)));
+    r.set(
+        keys::VALID_ACTION_RATIO,
+        mean(&|t| f64::from(t.stats.valid_actions) / f64::from(t.stats.turns.max(1))),
+    );
+    r.set(keys::TOOL_CALLS, mean(&|t| f64::from(t.stats.total_tool_calls())));
+    let tools: std::collections::BTreeSet<&String> =
+        scored.iter().flat_map(|t| t.stats.tool_calls.keys()).collect();
+    for tool in tools {
+        let calls = mean(&|t| t.stats.tool_calls.get(tool).map_or(0.0, |c| f64::from(c.ok + c.failed)));
+        r.set(keys::tool_calls(tool), calls);
+    }
+    for status in [Status::Completed, Status::Truncated, Status::Aborted] {
+        let count = trajectories.iter().filter(|t| t.status == status).count();
+        let label =
+            serde_json::to_value(status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        metrics.trajectories.with_label_values(&[label.as_str()]).inc_by(count as u64);
+        r.set(keys::trajectories(&label), count as f64);
+    }
+    let staleness: Vec<f64> =
+        trajectories.iter().filter_map(|t| t.oldest_version()).map(|v| (version - v).max(0) as f64).collect();
+    for s in &staleness {
+        metrics.staleness.observe(*s);
+    }
+    r.set(keys::STALENESS_MEAN, staleness.iter().sum::<f64>() / staleness.len().max(1) as f64);
+    r.set(keys::STALENESS_MAX, staleness.iter().copied().fold(0.0, f64::max));
+    r
+}
+
+/// Adds an evaluation's figures to a record.
+fn write_eval(r: &mut StepRecord, evaluation: &Evaluation) {
+    use keys::{Figure, Pass};
+    let reports = std::iter::once((Pass::Greedy, &evaluation.greedy))
+        .chain(evaluation.sampled.as_ref().map(|s| (Pass::Sampled, s)));
+    for (pass, report) in reports {
+        let all = &report.all;
+        r.set(keys::eval(pass, None, Figure::Trajectories), all.count as f64);
+        r.set(keys::eval(pass, None, Figure::ExactMatch), all.exact_match);
+        r.set(keys::eval(pass, None, Figure::F1), all.f1);
+        r.set(keys::eval(pass, None, Figure::Reward), all.reward);
+        r.set(keys::eval(pass, None, Figure::ToolCalls), all.tool_calls);
+        r.set(keys::eval(pass, None, Figure::ValidFormat), all.valid_format);
+        for (source, s) in &report.by_source {
+            r.set(keys::eval(pass, Some(source), Figure::ExactMatch), s.exact_match);
+            r.set(keys::eval(pass, Some(source), Figure::F1), s.f1);
+            r.set(keys::eval(pass, Some(source), Figure::Reward), s.reward);
+        }
+    }
+}
+
+/// The device `device` names.
+fn device(device: Device) -> tch::Device {
+    match device {
+        Device::Cpu => tch::Device::Cpu,
+        Device::Cuda => tch::Device::Cuda(0),
+        Device::Auto => tch::Device::cuda_if_available(),
+    }
+}
+
+/// Where a run starts: step, policy version and data cursor, from `checkpoint` when resuming.
+fn position(config: &TrainConfig, checkpoint: Option<&Loaded>) -> Result<(u64, i64, Sampler), TrainError> {
+    let Some(c) = checkpoint else { return Ok((0, 0, Sampler::new(config.seed))) };
+    let sampler = serde_json::from_value(c.state.data_cursor.clone())
+        .map_err(|source| TrainError::Cursor { path: c.dir.clone(), source })?;
+    tracing::info!(checkpoint = %c.dir.display(), step = c.state.step, "resuming");
+    Ok((c.state.step, c.state.policy_version, sampler))
+}
+
+/// What the trainer offers the outside: its metrics registry, the weights it serves, and the URL
+/// workers reach those at.
+struct Endpoints<'a> {
+    registry: &'a Registry,
+    weights: WeightStore,
+    advertise_url: String,
+}
+
+/// Where trajectories come from and how new weights reach their engines: rollout workers at
+/// `rollout.urls` (weights pulled over HTTP or written for SGLang), or an in-process pool on an
+/// embedded engine loaded from `policy_dir` at `version`.
+fn connect(
+    config: &TrainConfig,
+    policy_dir: &Path,
+    device: tch::Device,
+    version: i64,
+    tokenizer: &Tokenizer,
+    endpoints: Endpoints<'_>,
+) -> Result<(Arc<dyn RolloutPool>, Publisher), TrainError> {
+    let urls = config.rollout.urls.clone();
+    let timeout = Duration::from_secs_f64(config.rollout.timeout_secs);
+    if urls.is_empty() {
+        let model = CausalLm::load(policy_dir, device)?;
+        let engine =
+            EmbeddedEngine::spawn(model, tokenizer.clone(), config.rollout.max_batch, version, config.seed);
+        let local = config.rollout.index.as_deref().map(open_index).transpose()?;
+        let ctx = Context::build(&config.rollout.context, Arc::new(engine.clone()), &config.model, local)?;
+        let metrics = RolloutMetrics::new(endpoints.registry);
+        return Ok((Arc::new(InProcessPool::new(ctx, Some(metrics))), Publisher::InProcess(engine)));
+    }
+    Ok(match &config.weight_sync {
+        WeightSync::HttpPull { advertise_url } => {
+            let from = PullFrom::new(advertise_url.clone().unwrap_or(endpoints.advertise_url));
+            // Requests in flight name at most `max_staleness` versions before the newest.
+            let keep = usize::try_from(config.rollout.max_staleness).unwrap_or(usize::MAX);
+            let dir = config.output_dir.join("weights");
+            let publisher = Publisher::http_pull(
+                urls.clone(),
+                from.clone(),
+                dir,
+                endpoints.weights,
+                keep.saturating_add(1),
+            );
+            (Arc::new(RemotePool::new(urls, Some(from), timeout)), publisher)
+        }
+        WeightSync::SglangDisk { path, urls: servers } => (
+            Arc::new(RemotePool::new(urls, None, timeout)),
+            Publisher::sglang_disk(path.clone(), servers.clone(), config.model.clone()),
+        ),
+    })
+}
+
+/// The local index in `dir` as a search tool searched in this process.
+fn open_index(dir: &Path) -> Result<Arc<dyn kart_core::tool::Search>, TrainError> {
+    let index_error = |source| TrainError::Index { path: dir.to_path_buf(), source: Box::new(source) };
+    let manifest = Manifest::read(dir).map_err(index_error)?;
+    let index = kart_retriever::open_local(dir, manifest.method).map_err(index_error)?;
+    Ok(Arc::new(InProcess(index)))
+}
+
+/// The run's logs: `metrics.jsonl`, and `rollouts.jsonl` with `dump_rollouts`, restarted after
+/// step `resumed` (empty for a new run).
+fn open_outputs(
+    config: &TrainConfig,
+    tokenizer: &Tokenizer,
+    resumed: Option<u64>,
+) -> Result<(MetricsLog, Option<RolloutDump>), TrainError> {
+    let metrics_path = config.output_dir.join("metrics.jsonl");
+    let log = MetricsLog::new(&metrics_path);
+    log.restart(resumed).map_err(|source| TrainError::Io { path: metrics_path, source })?;
+    let dump_path = config.output_dir.join("rollouts.jsonl");
+    super::metrics::restart(&dump_path, resumed)
+        .map_err(|source| TrainError::Io { path: dump_path.clone(), source })?;
+    Ok((log, config.dump_rollouts.then(|| RolloutDump::new(&dump_path, tokenizer.clone()))))
+}

@@ -1,0 +1,522 @@
+//! One optimisation step on a batch of samples: old, reference and value passes without
+//! gradients, advantages, then PPO epochs over mini-batches with gradient accumulation over
+//! micro-batches, for the policy and (PPO) the critic.
+
+use super::batch::{Field, MicroBatch, Sample, micro_batches};
+use super::checkpoint::Loaded;
+use super::critic::Critic;
+use super::losses::{self, Normalizer};
+use super::optim::{AdamW, StateError, learning_rate};
+use super::record::{StepRecord, keys};
+use kart_core::config::train::{AdvantageEstimator, TrainConfig};
+use kart_core::rl::advantage::{grpo_advantages, rloo_advantages};
+use kart_core::rl::loss::{Matrix, PolicyClip};
+use kart_model::logprobs::{DEFAULT_CHUNK, masked_token_logprobs};
+use kart_model::{CausalLm, ModelError};
+use std::path::{Path, PathBuf};
+use tch::{Device, Kind, Tensor};
+
+/// Why the learner could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LearnerError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{path}: {source}")]
+    OptimizerState {
+        path: PathBuf,
+        #[source]
+        source: StateError,
+    },
+    #[error("{path}: a PPO run needs the critic's checkpoint")]
+    MissingCritic { path: PathBuf },
+}
+
+/// The models and optimisers a step updates.
+pub struct Learner {
+    pub policy: CausalLm,
+    pub optimizer: AdamW,
+    /// The frozen reference policy of the KL loss.
+    pub reference: Option<CausalLm>,
+    /// The critic and its optimiser (PPO).
+    pub critic: Option<(Critic, AdamW)>,
+}
+
+/// Per-token log-probabilities (and entropies) of a micro-batch's trained targets under `model`
+/// (0 at the tokens no loss uses: observations, padding).
+pub fn logprobs(
+    model: &CausalLm,
+    mb: &MicroBatch,
+    temperature: f64,
+    with_entropy: bool,
+) -> (Tensor, Option<Tensor>) {
+    let out = masked_token_logprobs(
+        model,
+        &mb.hidden(model),
+        &mb.targets,
+        &mb.mask,
+        temperature,
+        with_entropy,
+        DEFAULT_CHUNK,
+    );
+    (out.logprobs, out.entropy)
+}
+
+/// The mini-batch normaliser of `rows`.
+fn normalizer(samples: &[Sample], rows: &[usize]) -> Normalizer {
+    let mut n = Normalizer { tokens: 0.0, sequences: 0.0, length: 0.0 };
+    for &r in rows {
+        let s = &samples[r];
+        let tokens = s.trained_tokens() as f64;
+        n.tokens += tokens;
+        n.sequences += f64::from(u8::from(tokens > 0.0));
+        n.length = n.length.max((s.len() - s.prompt_len) as f64);
+    }
+    n
+}
+
+impl Learner {
+    /// Loads the policy (from `checkpoint` when resuming, else `config.model`), the frozen
+    /// reference of the KL loss, AdamW, and for PPO the critic with its own AdamW, on `device`;
+    /// a checkpoint's optimiser states and critic are restored.
+    pub fn load(
+        config: &TrainConfig,
+        checkpoint: Option<&Loaded>,
+        device: Device,
+    ) -> Result<Learner, LearnerError> {
+        let policy_dir = checkpoint.map_or_else(|| config.model.clone(), Loaded::policy_dir);
+        let policy = CausalLm::load(&policy_dir, device)?;
+        let reference = match config.algorithm.kl_loss {
+            Some(_) => {
+                let mut r = CausalLm::load(&config.model, device)?;
+                r.var_store_mut().freeze();
+                Some(r)
+            }
+            None => None,
+        };
+        let mut optimizer = AdamW::new(policy.named_tensors(), config.optim.clone());
+        let state_error = |dir: &Path| {
+            let path = dir.to_path_buf();
+            move |source| LearnerError::OptimizerState { path, source }
+        };
+        if let Some(c) = checkpoint {
+            optimizer.load_state(copy(&c.optimizer), c.state.optimizer_steps).map_err(state_error(&c.dir))?;
+        }
+        let critic = match config.algorithm.advantage {
+            AdvantageEstimator::Gae => {
+                let mut critic = Critic::load(&config.model, device, config.seed)?;
+                let mut opt = AdamW::new(critic.parameters(), config.critic.optim.clone());
+                if let Some(c) = checkpoint {
+                    let origin = c.dir.join("critic.safetensors");
+                    let tensors = c
+                        .critic
+                        .as_ref()
+                        .ok_or_else(|| LearnerError::MissingCritic { path: origin.clone() })?;
+                    critic.load_parameters(tensors, &origin)?;
+                    if let Some(state) = &c.critic_optimizer {
+                        opt.load_state(copy(state), c.state.critic_optimizer_steps.unwrap_or(0))
+                            .map_err(state_error(&c.dir))?;
+                    }
+                }
+                Some((critic, opt))
+            }
+            _ => None,
+        };
+        Ok(Learner { policy, optimizer, reference, critic })
+    }
+
+    /// The device the policy lives on.
+    pub fn device(&self) -> Device {
+        self.policy.device()
+    }
+
+    /// Fills old log-probabilities, reference log-probabilities and values (no gradients);
+    /// returns the policy's mean entropy over the trained tokens (verl logs it from this pass).
+    fn score(&self, samples: &mut [Sample], config: &TrainConfig) -> f64 {
+        let temperature = config.rollout.sampling.temperature;
+        let all: Vec<usize> = (0..samples.len()).collect();
+        let (mut entropy_sum, mut tokens) = (0.0, 0.0);
+        tch::no_grad(|| {
+            for rows in micro_batches(samples, &all, config.batch.micro_batch_size) {
+                let mb = MicroBatch::new(samples, &rows, self.device());
+                let (old, entropy) = logprobs(&self.policy, &mb, temperature, true);
+                let entropy = entropy.expect("entropy requested");
+                entropy_sum += (entropy * &mb.mask).sum(Kind::Double).double_value(&[]);
+                tokens += mb.mask.sum(Kind::Double).double_value(&[]);
+                mb.scatter(samples, Field::OldLogprobs, &old);
+                if let Some(reference) = &self.reference {
+                    let (r, _) = logprobs(reference, &mb, temperature, false);
+                    mb.scatter(samples, Field::RefLogprobs, &r);
+                }
+                if let Some((critic, _)) = &self.critic {
+                    mb.scatter(samples, Field::Values, &critic.values(&mb));
+                }
+            }
+        });
+        if tokens > 0.0 { entropy_sum / tokens } else { 0.0 }
+    }
+
+    /// One step on `samples` at `step` (0-based): score the samples, fill their advantages, then
+    /// for each PPO epoch and mini-batch update the policy (unless the critic is warming up) and
+    /// the critic; returns the step's figures.
+    pub fn step(&mut self, samples: &mut [Sample], config: &TrainConfig, step: u64) -> StepRecord {
+        let mut record = StepRecord::default();
+        if samples.is_empty() {
+            return record;
+        }
+        record.set(keys::ACTOR_ENTROPY, self.score(samples, config));
+        advantages(samples, config);
+        let train_actor = step >= config.critic.warmup_steps || self.critic.is_none();
+        let lr = learning_rate(&config.optim, step, config.total_steps);
+        let critic_lr = learning_rate(&config.critic.optim, step, config.total_steps);
+        let minis = mini_batches(samples, config.batch.mini_batch_prompts);
+        let mut sums = Sums::default();
+        for _ in 0..config.algorithm.ppo_epochs {
+            for rows in &minis {
+                let mini = MiniBatch { samples, rows, norm: normalizer(samples, rows), config };
+                if train_actor {
+                    self.update_actor(&mini, lr, &mut sums);
+                }
+                self.update_critic(&mini, critic_lr, &mut sums);
+            }
+        }
+        sums.write(&mut record, lr);
+        record
+    }
+
+    /// One policy update on a mini-batch, its gradient accumulated over micro-batches: PPO-clip
+    /// loss, minus the entropy bonus, plus the KL loss to the reference.
+    fn update_actor(&mut self, mini: &MiniBatch<'_>, lr: f64, sums: &mut Sums) {
+        let MiniBatch { samples, rows, norm, config } = *mini;
+        let a = &config.algorithm;
+        let clip = PolicyClip {
+            low: a.clip_ratio_low as f32,
+            high: a.clip_ratio_high as f32,
+            dual_clip_c: a.clip_ratio_c as f32,
+        };
+        let temperature = config.rollout.sampling.temperature;
+        self.optimizer.zero_grad();
+        for micro in micro_batches(samples, rows, config.batch.micro_batch_size) {
+            let mb = MicroBatch::new(samples, &micro, self.device());
+            let (lp, entropy) = logprobs(&self.policy, &mb, temperature, a.entropy_coef != 0.0);
+            let old = mb.gather(samples, Field::OldLogprobs);
+            let adv = mb.gather(samples, Field::Advantages);
+            let weights = a.tis_cap.map(|cap| {
+                let rollout = mb.gather(samples, Field::RolloutLogprobs);
+                let w = (&old - &rollout).exp().clamp_max(cap);
+                w.where_self(&rollout.ne(0.0), &w.ones_like())
+            });
+            let tokens = losses::PolicyTokens {
+                old_log_prob: &old,
+                log_prob: &lp,
+                advantages: &adv,
+                mask: &mb.mask,
+                weights: weights.as_ref(),
+            };
+            let pg = losses::policy_loss(tokens, clip, a.loss_agg_mode, norm);
+            let mut loss = pg.loss.shallow_clone();
+            if let Some(entropy) = &entropy {
+                loss -= a.entropy_coef * losses::agg_loss(entropy, &mb.mask, a.loss_agg_mode, norm);
+            }
+            if let (Some(estimator), true) = (a.kl_loss, self.reference.is_some()) {
+                let reference = mb.gather(samples, Field::RefLogprobs);
+                let kl = losses::kl_penalty(&lp, &reference, estimator);
+                let kl = losses::agg_loss(&kl, &mb.mask, a.loss_agg_mode, norm);
+                loss += a.kl_coef * &kl;
+                sums.kl += kl.double_value(&[]);
+            }
+            loss.backward();
+            sums.pg_loss += pg.loss.double_value(&[]);
+            sums.clipfrac += pg.clipfrac.double_value(&[]);
+            sums.clipfrac_lower += pg.clipfrac_lower.double_value(&[]);
+            sums.ppo_kl += pg.ppo_kl.double_value(&[]);
+        }
+        sums.grad_norm += self.optimizer.step(lr);
+        sums.actor_updates += 1;
+    }
+
+    /// One critic update on a mini-batch (PPO; nothing without a critic): the clipped value loss,
+    /// its gradient accumulated over micro-batches.
+    fn update_critic(&mut self, mini: &MiniBatch<'_>, lr: f64, sums: &mut Sums) {
+        let Some((critic, optimizer)) = &mut self.critic else { return };
+        let MiniBatch { samples, rows, norm, config } = *mini;
+        optimizer.zero_grad();
+        for micro in micro_batches(samples, rows, config.batch.micro_batch_size) {
+            let mb = MicroBatch::new(samples, &micro, critic.model.device());
+            let vf = losses::value_loss(
+                &critic.values(&mb),
+                &mb.gather(samples, Field::Returns),
+                &mb.gather(samples, Field::Values),
+                &mb.mask,
+                config.critic.cliprange_value,
+                config.algorithm.loss_agg_mode,
+                norm,
+            );
+            (config.critic.value_loss_coef * &vf.loss).backward();
+            sums.vf_loss += vf.loss.double_value(&[]);
+            sums.vf_clipfrac += vf.clipfrac.double_value(&[]);
+        }
+        sums.critic_grad_norm += optimizer.step(lr);
+        sums.critic_updates += 1;
+    }
+}
+
+/// The samples of one optimiser update and what its losses need.
+#[derive(Clone, Copy)]
+struct MiniBatch<'a> {
+    samples: &'a [Sample],
+    rows: &'a [usize],
+    /// The denominators of the loss aggregation over the mini-batch.
+    norm: Normalizer,
+    config: &'a TrainConfig,
+}
+
+/// Deep copies of named tensors.
+fn copy(tensors: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
+    tensors.iter().map(|(n, t)| (n.clone(), t.copy())).collect()
+}
+
+/// The samples of each run of `prompts` consecutive groups: one optimiser update each.
+fn mini_batches(samples: &[Sample], prompts: usize) -> Vec<Vec<usize>> {
+    let mut minis: Vec<Vec<usize>> = Vec::new();
+    for (i, s) in samples.iter().enumerate() {
+        let slot = s.group / prompts.max(1);
+        if minis.len() <= slot {
+            minis.resize(slot + 1, Vec::new());
+        }
+        minis[slot].push(i);
+    }
+    minis.retain(|m| !m.is_empty());
+    minis
+}
+
+/// Running sums of the loss figures over updates.
+#[derive(Default)]
+struct Sums {
+    pg_loss: f64,
+    kl: f64,
+    clipfrac: f64,
+    clipfrac_lower: f64,
+    ppo_kl: f64,
+    grad_norm: f64,
+    actor_updates: u32,
+    vf_loss: f64,
+    vf_clipfrac: f64,
+    critic_grad_norm: f64,
+    critic_updates: u32,
+}
+
+impl Sums {
+    fn write(&self, r: &mut StepRecord, lr: f64) {
+        if self.actor_updates > 0 {
+            let n = f64::from(self.actor_updates);
+            r.set(keys::ACTOR_PG_LOSS, self.pg_loss / n);
+            r.set(keys::ACTOR_KL, self.kl / n);
+            r.set(keys::ACTOR_CLIPFRAC, self.clipfrac / n);
+            r.set(keys::ACTOR_CLIPFRAC_LOWER, self.clipfrac_lower / n);
+            r.set(keys::ACTOR_PPO_KL, self.ppo_kl / n);
+            r.set(keys::ACTOR_GRAD_NORM, self.grad_norm / n);
+            r.set(keys::ACTOR_LR, lr);
+        }
+        if self.critic_updates > 0 {
+            let n = f64::from(self.critic_updates);
+            r.set(keys::CRITIC_VF_LOSS, self.vf_loss / n);
+            r.set(keys::CRITIC_VF_CLIPFRAC, self.vf_clipfrac / n);
+            r.set(keys::CRITIC_GRAD_NORM, self.critic_grad_norm / n);
+        }
+    }
+}
+
+/// Fills advantages (and, for GAE, returns) of every sample.
+fn advantages(samples: &mut [Sample], config: &TrainConfig) {
+    let a = &config.algorithm;
+    if a.advantage == AdvantageEstimator::Gae {
+        return gae(samples, a.gamma, a.lam);
+    }
+    let scores: Vec<f32> = samples.iter().map(|s| s.reward).collect();
+    let groups: Vec<usize> = samples.iter().map(|s| s.group).collect();
+    let ones = Matrix::new(samples.len(), 1, vec![1.0; samples.len()]).expect("a column of ones");
+    let per_sample = match a.advantage {
+        AdvantageEstimator::Rloo => rloo_advantages(&scores, &groups, &ones),
+        estimator => grpo_advantages(&scores, &groups, &ones, estimator == AdvantageEstimator::Grpo),
+    }
+    .expect("shapes agree by construction");
+    for (s, &adv) in samples.iter_mut().zip(per_sample.as_slice()) {
+        s.advantages = s.loss_mask.iter().map(|&m| m * adv).collect();
+    }
+}
+
+/// GAE over each sample's response (the reward on its last trained token), whitened over the
+/// batch.
+fn gae(samples: &mut [Sample], gamma: f64, lam: f64) {
+    let width = samples.iter().map(|s| s.len() - s.prompt_len).max().unwrap_or(0).max(1);
+    let n = samples.len();
+    let (mut rewards, mut values, mut mask) =
+        (vec![0f32; n * width], vec![0f32; n * width], vec![0f32; n * width]);
+    for (i, s) in samples.iter().enumerate() {
+        let row = i * width;
+        for t in s.prompt_len..s.len() {
+            values[row + t - s.prompt_len] = s.values[t];
+            mask[row + t - s.prompt_len] = s.loss_mask[t];
+        }
+        if let Some(last) = s.last_trained() {
+            rewards[row + last - s.prompt_len] = s.reward;
+        }
+    }
+    let shape = [n as i64, width as i64];
+    let t = |v: &[f32]| Tensor::from_slice(v).view(shape);
+    let Some(out) = losses::gae(&t(&rewards), &t(&values), &t(&mask), gamma, lam) else {
+        for s in samples.iter_mut() {
+            s.advantages.fill(0.0);
+            s.returns.clone_from(&s.values);
+        }
+        return;
+    };
+    let adv = Vec::<f32>::try_from(out.advantages.to_kind(Kind::Float).view([-1])).expect("f32");
+    let ret = Vec::<f32>::try_from(out.returns.to_kind(Kind::Float).view([-1])).expect("f32");
+    for (i, s) in samples.iter_mut().enumerate() {
+        let row = i * width;
+        for t in s.prompt_len..s.len() {
+            s.advantages[t] = adv[row + t - s.prompt_len] * s.loss_mask[t];
+            s.returns[t] = ret[row + t - s.prompt_len];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kart_core::agent::trajectory::Trajectory;
+    use kart_core::config::train::{AlgorithmConfig, BatchConfig, OptimConfig};
+
+    /// Two groups of two: prompt, a model turn, an observation, a final model turn.
+    fn samples(observation: u32) -> Vec<Sample> {
+        (0..4)
+            .map(|i| {
+                let mut t = Trajectory::new(format!("t{i}"), format!("p{}", i / 2), &[5, 6, 7, 8]);
+                t.push_model(&[10 + i, 11], &[-1.0, -1.0], 0).unwrap();
+                t.push_env(&[observation, observation + 1, observation + 2]);
+                t.push_model(&[12, 13 + i], &[-1.0, -1.0], 0).unwrap();
+                t.reward = f64::from(i % 2);
+                Sample::new(&t, (i / 2) as usize, true)
+            })
+            .collect()
+    }
+
+    fn config(advantage: AdvantageEstimator) -> TrainConfig {
+        TrainConfig {
+            algorithm: AlgorithmConfig { advantage, ..AlgorithmConfig::default() },
+            batch: BatchConfig { prompts: 2, n: 2, mini_batch_prompts: 1, micro_batch_size: 2 },
+            optim: OptimConfig { lr: 1e-3, ..OptimConfig::default() },
+            ..TrainConfig::default()
+        }
+    }
+
+    fn learner(with_critic: bool) -> Learner {
+        let policy = CausalLm::load(&kart_testing::model("tiny-qwen2"), Device::Cpu).unwrap();
+        let mut reference = CausalLm::load(&kart_testing::model("tiny-qwen2"), Device::Cpu).unwrap();
+        reference.var_store_mut().freeze();
+        let optimizer =
+            AdamW::new(policy.named_tensors(), OptimConfig { lr: 1e-3, ..OptimConfig::default() });
+        let critic = with_critic.then(|| {
+            let critic = Critic::load(&kart_testing::model("tiny-qwen2"), Device::Cpu, 0).unwrap();
+            let opt = AdamW::new(critic.parameters(), OptimConfig { lr: 1e-3, ..OptimConfig::default() });
+            (critic, opt)
+        });
+        Learner { policy, optimizer, reference: Some(reference), critic }
+    }
+
+    #[test]
+    fn ppo_step_trains_policy_and_critic_with_observations_masked() {
+        let mut learner = learner(true);
+        let mut batch = samples(30);
+        let record = learner.step(&mut batch, &config(AdvantageEstimator::Gae), 0);
+        for key in [
+            keys::ACTOR_PG_LOSS,
+            keys::ACTOR_KL,
+            keys::ACTOR_ENTROPY,
+            keys::ACTOR_GRAD_NORM,
+            keys::CRITIC_VF_LOSS,
+            keys::CRITIC_GRAD_NORM,
+        ] {
+            let v = record.get(&key).unwrap_or_else(|| panic!("{key} missing: {record:?}"));
+            assert!(v.is_finite(), "{key} = {v}");
+        }
+        assert!(record.get(&keys::CRITIC_GRAD_NORM).unwrap() > 0.0);
+        for s in &batch {
+            for t in 0..s.len() {
+                if s.loss_mask[t] == 0.0 {
+                    assert_eq!(s.advantages[t], 0.0, "observation or prompt token {t} has an advantage");
+                }
+            }
+            assert!(s.returns[s.prompt_len..].iter().all(|r| r.is_finite()));
+        }
+    }
+
+    #[test]
+    fn observation_targets_do_not_change_the_update() {
+        // Observation tokens are inputs of later positions, so the test varies only what the loss
+        // could read at their positions (their rollout logprobs, through truncated importance
+        // sampling): two batches differing there must give bit-identical updates.
+        let run = |garbage: f32| {
+            let mut learner = learner(false);
+            let mut batch = samples(30);
+            for s in &mut batch {
+                for t in 0..s.len() {
+                    if s.loss_mask[t] == 0.0 && t >= s.prompt_len {
+                        s.rollout_logprobs[t] = garbage;
+                    }
+                }
+            }
+            let cfg = TrainConfig {
+                algorithm: AlgorithmConfig { tis_cap: Some(2.0), ..AlgorithmConfig::default() },
+                ..config(AdvantageEstimator::Grpo)
+            };
+            learner.step(&mut batch, &cfg, 0);
+            learner.policy.named_tensors().into_iter().map(|(_, t)| t.copy()).collect::<Vec<_>>()
+        };
+        let (a, b) = (run(0.0), run(-50.0));
+        for (x, y) in a.iter().zip(&b) {
+            assert!(x.equal(y), "an observation token's logprob changed the update");
+        }
+    }
+
+    #[test]
+    fn a_shared_prefix_run_once_gives_the_full_pass_values_and_gradients() {
+        // Three rows sharing a 20-token prefix (then different prompt ends, lengths and padding).
+        let prefix: Vec<u32> = (0..20).map(|i| 40 + i).collect();
+        let batch: Vec<Sample> = (0..3u32)
+            .map(|i| {
+                let prompt: Vec<u32> = prefix.iter().copied().chain([70 + i, 71]).collect();
+                let mut t = Trajectory::new(format!("t{i}"), "p", &prompt);
+                let turn: Vec<u32> = (0..=i * 2).map(|k| 80 + k + i).collect();
+                t.push_model(&turn, &vec![-1.0; turn.len()], 0).unwrap();
+                t.push_env(&[30, 31]);
+                t.push_model(&[12, 13 + i], &[-1.0, -1.0], 0).unwrap();
+                Sample::new(&t, 0, true)
+            })
+            .collect();
+        let policy = CausalLm::load(&kart_testing::model("tiny-qwen2"), Device::Cpu).unwrap();
+        let mut mb = MicroBatch::new(&batch, &[0, 1, 2], Device::Cpu);
+        assert_eq!(mb.shared, 20);
+        let run = |mb: &MicroBatch| {
+            for (_, p) in policy.named_tensors() {
+                p.grad().defined().then(|| p.grad().zero_());
+            }
+            let (lp, _) = logprobs(&policy, mb, 1.0, false);
+            (lp.sum(Kind::Float) * 0.5 + lp.square().sum(Kind::Float)).backward();
+            let grads: Vec<Tensor> = policy.named_tensors().iter().map(|(_, p)| p.grad().copy()).collect();
+            (lp.detach(), grads)
+        };
+        let (shared_lp, shared_grads) = run(&mb);
+        mb.shared = 0;
+        let (full_lp, full_grads) = run(&mb);
+        assert!(shared_lp.ne(0.0).any().int64_value(&[]) == 1, "no trained token");
+        let diff = (&shared_lp - &full_lp).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "logprobs differ by {diff}");
+        for ((name, _), (a, b)) in policy.named_tensors().iter().zip(shared_grads.iter().zip(&full_grads)) {
+            let scale = b.abs().max().double_value(&[]).max(1e-6);
+            let diff = (a - b).abs().max().double_value(&[]);
+            assert!(diff / scale < 1e-4, "{name}: gradients differ by {diff} (scale {scale})");
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Weight sync: how a new policy version reaches the rollout engines.
+//!
+//! - in process: the embedded engine gets copies of the tensors;
+//! - HTTP pull: the trainer writes `weights/v{version}.safetensors` and serves it at
+//!   `/weights/{version}`. Every `/rollout` request names its version and that URL, so a worker
+//!   that is behind (started late, or missed a push behind a Service) fetches it before
+//!   generating; pushing `POST /weights {version, url}` to each rollout URL is an optimisation
+//!   that loads one worker per URL ahead of the requests;
+//! - SGLang from disk: the trainer writes a Hugging Face folder to a shared path and calls each
+//!   server's `/update_weights_from_disk`.
+
+use kart_model::CausalLm;
+
+use kart_model::ModelError;
+use kart_tokenizer::file::FileError;
+
+use kart_model::save_pretrained;
+
+use kart_core::engine::LoadWeightsError;
+use kart_core::wire::WeightSource;
+use kart_model::EmbeddedEngine;
+use kart_model::save_safetensors;
+use serde_json::json;
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// A failed sync.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("writing weights v{version}: {source}")]
+    Write { version: i64, source: ModelError },
+    #[error("{url}: {reason}")]
+    Remote { url: String, reason: String },
+    #[error("embedded engine: {0}")]
+    Engine(#[from] LoadWeightsError),
+}
+
+/// The newest published weights files, served at `/weights/{version}`.
+#[derive(Debug, Clone, Default)]
+pub struct WeightStore(Arc<RwLock<VecDeque<(i64, PathBuf)>>>);
+
+impl WeightStore {
+    /// The file of `version`, if it is among the published ones kept.
+    pub fn file(&self, version: i64) -> Option<PathBuf> {
+        let files = self.0.read().expect("weight store lock");
+        files.iter().find(|(v, _)| *v == version).map(|(_, p)| p.clone())
+    }
+
+    /// Adds `version`, keeping the newest `keep` (at least one); returns the files let go.
+    pub(crate) fn publish(&self, version: i64, path: PathBuf, keep: usize) -> Vec<PathBuf> {
+        let mut files = self.0.write().expect("weight store lock");
+        files.retain(|(v, _)| *v != version);
+        files.push_back((version, path));
+        let excess = files.len().saturating_sub(keep.max(1));
+        files.drain(..excess).map(|(_, p)| p).collect()
+    }
+}
+
+/// The URL of `version`'s weights on the trainer at `advertise_url`.
+pub fn weights_url(advertise_url: &str, version: i64) -> String {
+    format!("{}/weights/{version}", advertise_url.trim_end_matches('/'))
+}
+
+/// Where workers pull this trainer's weights, and which attempt of the run it is: a resumed run
+/// numbers its versions again from its checkpoint, so every source names its attempt and a
+/// worker holding another attempt's weights loads them whatever their number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullFrom {
+    /// The trainer's advertised base URL.
+    pub advertise_url: String,
+    /// This attempt's id, new for every trainer process.
+    pub run: String,
+}
+
+impl PullFrom {
+    /// The weights served at `advertise_url` by a new attempt.
+    pub fn new(advertise_url: String) -> Self {
+        PullFrom { advertise_url, run: format!("{:016x}", rand::random::<u64>()) }
+    }
+
+    /// The weight source of `version`: the body of `POST /weights` and the `weights` of a
+    /// `/rollout` request.
+    pub fn source(&self, version: i64) -> WeightSource {
+        WeightSource {
+            version,
+            url: Some(weights_url(&self.advertise_url, version)),
+            path: None,
+            run: Some(self.run.clone()),
+        }
+    }
+}
+
+/// How weights reach the engines.
+pub enum Publisher {
+    /// The in-process pool's engine.
+    InProcess(EmbeddedEngine),
+    /// Workers pull from the trainer's `/weights/{version}`.
+    HttpPull {
+        workers: Vec<String>,
+        from: PullFrom,
+        dir: PathBuf,
+        store: WeightStore,
+        /// Versions served at once: those that requests in flight may name.
+        keep: usize,
+        client: reqwest::Client,
+    },
+    /// SGLang servers reload a Hugging Face folder from a shared path.
+    SglangDisk { path: PathBuf, urls: Vec<String>, source_dir: PathBuf, client: reqwest::Client },
+}
+
+impl Publisher {
+    /// An HTTP-pull publisher writing into `dir` and serving the newest `keep` versions.
+    pub fn http_pull(
+        workers: Vec<String>,
+        from: PullFrom,
+        dir: PathBuf,
+        store: WeightStore,
+        keep: usize,
+    ) -> Self {
+        Publisher::HttpPull { workers, from, dir, store, keep, client: client() }
+    }
+
+    /// An SGLang publisher writing folders under `path`.
+    pub fn sglang_disk(path: PathBuf, urls: Vec<String>, source_dir: PathBuf) -> Self {
+        Publisher::SglangDisk { path, urls, source_dir, client: client() }
+    }
+
+    /// Publishes the policy's weights as `version`; returns when every engine uses them (for HTTP
+    /// pull: when they are served and one worker per rollout URL uses them).
+    pub async fn publish(&self, policy: &CausalLm, version: i64) -> Result<(), SyncError> {
+        match self {
+            Publisher::InProcess(engine) => {
+                let tensors = tch::no_grad(|| {
+                    policy.named_tensors().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
+                });
+                Ok(engine.load_tensors(tensors, version).await?)
+            }
+            Publisher::HttpPull { workers, from, dir, store, keep, client } => {
+                let file = dir.join(format!("v{version}.safetensors"));
+                write_safetensors(policy, &file).map_err(|source| SyncError::Write { version, source })?;
+                for old in store.publish(version, file, *keep) {
+                    let _ = std::fs::remove_file(old);
+                }
+                let body = json!(from.source(version));
+                let calls = workers
+                    .iter()
+                    .map(|w| post(client, format!("{}/weights", w.trim_end_matches('/')), &body));
+                futures::future::try_join_all(calls).await.map(drop)
+            }
+            Publisher::SglangDisk { path, urls, source_dir, client } => {
+                let folder = path.join(format!("v{version}"));
+                let tensors = policy.named_tensors();
+                save_pretrained(&folder, policy.config(), &tensors, Some(source_dir), policy.kind())
+                    .map_err(|source| SyncError::Write { version, source })?;
+                let body = json!({"model_path": folder});
+                let calls = urls.iter().map(|u| {
+                    post(client, format!("{}/update_weights_from_disk", u.trim_end_matches('/')), &body)
+                });
+                futures::future::try_join_all(calls).await?;
+                // Keep the folder the servers now use and the one before (a server may still read it).
+                if let Ok(entries) = std::fs::read_dir(path) {
+                    for entry in entries.flatten() {
+                        let name = entry.file_name().to_string_lossy().into_owned();
+                        let old = name.strip_prefix('v').and_then(|v| v.parse::<i64>().ok());
+                        if old.is_some_and(|v| v < version - 1) {
+                            let _ = std::fs::remove_dir_all(entry.path());
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(600)).build().expect("an HTTP client")
+}
+
+fn write_safetensors(policy: &CausalLm, file: &Path) -> Result<(), ModelError> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir).map_err(FileError::io(dir))?;
+    }
+    let tensors = policy.named_tensors();
+    save_safetensors(file, tensors.iter().map(|(n, t)| (n.as_str(), t)), policy.kind())
+}
+
+async fn post(client: &reqwest::Client, url: String, body: &serde_json::Value) -> Result<(), SyncError> {
+    let error = |reason: String| SyncError::Remote { url: url.clone(), reason };
+    let response = client.post(&url).json(body).send().await.map_err(|e| error(e.to_string()))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(error(format!("answered {status}: {}", response.text().await.unwrap_or_default())));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_serves_the_newest_versions_it_keeps() {
+        let store = WeightStore::default();
+        let file = |v: i64| PathBuf::from(format!("v{v}.safetensors"));
+        assert!(store.publish(1, file(1), 2).is_empty());
+        assert!(store.publish(2, file(2), 2).is_empty());
+        assert_eq!(store.publish(3, file(3), 2), [file(1)]);
+        assert_eq!((store.file(1), store.file(2), store.file(3)), (None, Some(file(2)), Some(file(3))));
+        assert_eq!(store.publish(4, file(4), 0), [file(2), file(3)], "the newest is always kept");
+        assert_eq!(weights_url("http://t:8002/", 4), "http://t:8002/weights/4");
+    }
+
+    #[test]
+    fn every_attempt_names_itself_in_its_sources() {
+        let (a, b) = (PullFrom::new("http://t:8002/".into()), PullFrom::new("http://t:8002/".into()));
+        assert_ne!(a.run, b.run);
+        let source = a.source(4);
+        assert_eq!(source.url.as_deref(), Some("http://t:8002/weights/4"));
+        assert_eq!((source.version, source.run), (4, Some(a.run)));
+    }
+}

@@ -1,0 +1,31 @@
+//! `kart bench ...`: kart's performance against a named anchor measured in the same run, printed
+//! as ratios.
+
+mod anchor;
+mod encoder;
+mod model;
+mod retriever;
+mod rollout;
+mod train;
+
+use std::process::ExitCode;
+
+/// Measure kart against a reference implementation on the same machine, in the same run.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    Model(model::Args),
+    Encoder(encoder::Args),
+    Retriever(retriever::Args),
+    Rollout(rollout::Args),
+    Train(train::Args),
+}
+
+pub fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Model(args) => model::run(args),
+        Command::Encoder(args) => encoder::run(args),
+        Command::Retriever(args) => retriever::run(args),
+        Command::Rollout(args) => rollout::run(args),
+        Command::Train(args) => train::run(args),
+    }
+}

@@ -1,0 +1,400 @@
+//! `kart bench model`: generation and training speed of the policy model against transformers.
+//!
+//! kart initialises a random Qwen2-shaped model (about 50M parameters), trains a small byte-level
+//! BPE tokenizer, and saves both as a Hugging Face folder; the anchor
+//! (`scripts/bench/model_anchor.py`, run with the project venv's Python) loads that folder, so both
+//! sides run exactly the same weights, in f32 on the CPU with torch's default number of threads.
+//! - Generation: greedy, exactly `new_tokens` tokens after the same random prompts, at batch 1 and
+//!   batch 32; kart's engine against `model.generate` under `torch.inference_mode`. The median of
+//!   the timed runs, after a warm-up run, is reported as tokens per second.
+//! - Training step: forward and backward of the loss -mean log p(next token) on one batch; kart
+//!   through [`token_logprobs`], the anchor through `log_softmax` and `gather` over the logits. The
+//!   mean of the timed steps, after a warm-up step, is reported.
+//!
+//! The anchor stays up for the whole run and the two sides take turns, each timed run of one
+//! followed by one of the other, so that a change in the machine's load affects both alike. Both
+//! sides also report their greedy tokens and their loss: the table comes with a check that they
+//! computed the same thing.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use super::anchor::{Anchor, AnchorArgs, Row, check_python, median, take_turns};
+use anyhow::Context;
+use kart_core::generation::GenerationRequest;
+use kart_core::generation::SamplingParams;
+use kart_model::logprobs::{DEFAULT_CHUNK, token_logprobs};
+use kart_model::{CausalLm, ModelConfig, QwenSizes, generate, save_pretrained};
+use kart_tokenizer::CHATML;
+use kart_tokenizer::Tokenizer;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tch::{Device, Kind, Tensor};
+
+/// The anchor script, carried in the binary so the bench runs from any folder.
+const ANCHOR: &str = include_str!("../../../../../scripts/bench/model_anchor.py");
+
+/// The special tokens of the benchmark's tokenizer (Qwen's).
+const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// Benchmark the policy model against transformers on a random ~50M-parameter Qwen2 model.
+///
+/// Prints, for generation at batch 1 and 32 (tokens per second) and for a training step (seconds),
+/// kart's figure, transformers' figure, their ratio and the target. Exits 1 when the anchor cannot
+/// run (its Python lacks torch or transformers: `bash scripts/setup.sh` installs them).
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Timed generation runs per batch size (the median is reported) [default: 3, 1 with --quick].
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Timed training steps (their mean is reported) [default: 3, 1 with --quick].
+    #[arg(long)]
+    steps: Option<usize>,
+    #[command(flatten)]
+    anchor: AnchorArgs,
+}
+
+/// The benchmark's model: 46.5M parameters, Qwen2-shaped.
+pub(super) const FULL_SIZES: QwenSizes = QwenSizes {
+    vocab_size: 32_000,
+    hidden_size: 512,
+    intermediate_size: 1536,
+    num_hidden_layers: 10,
+    num_attention_heads: 8,
+    num_key_value_heads: 2,
+    max_position_embeddings: 1024,
+    tie_word_embeddings: true,
+    initializer_range: 0.02,
+};
+
+/// The model and the work measured on it.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    sizes: QwenSizes,
+    prompt_tokens: usize,
+    new_tokens: usize,
+    warmup_tokens: usize,
+    batches: [usize; 2],
+    train_batch: usize,
+    train_tokens: usize,
+    tokenizer_vocab: usize,
+}
+
+impl Workload {
+    /// The benchmark: 46.5M parameters, 128 tokens at batch 1 and 32, a 16 x 512 training batch.
+    const FULL: Workload = Workload {
+        sizes: FULL_SIZES,
+        prompt_tokens: 16,
+        new_tokens: 128,
+        warmup_tokens: 8,
+        batches: [1, 32],
+        train_batch: 16,
+        train_tokens: 512,
+        tokenizer_vocab: 2048,
+    };
+
+    /// `--quick`: the same measurements on a 0.2M-parameter model and a small workload.
+    const QUICK: Workload = Workload {
+        sizes: QwenSizes {
+            vocab_size: 2048,
+            hidden_size: 64,
+            intermediate_size: 192,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            max_position_embeddings: 256,
+            tie_word_embeddings: true,
+            initializer_range: 0.02,
+        },
+        prompt_tokens: 8,
+        new_tokens: 8,
+        warmup_tokens: 2,
+        batches: [1, 4],
+        train_batch: 2,
+        train_tokens: 32,
+        tokenizer_vocab: 512,
+    };
+}
+
+/// A greedy generation run.
+#[derive(Debug, Deserialize)]
+struct Generated {
+    seconds: f64,
+    /// One row of generated tokens per prompt.
+    tokens: Vec<Vec<u32>>,
+}
+
+/// A training step.
+#[derive(Debug, Deserialize)]
+struct Trained {
+    seconds: f64,
+    loss: f64,
+}
+
+/// The anchor's first line: its configuration.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+struct AnchorInfo {
+    threads: i64,
+    torch: String,
+    transformers: String,
+}
+
+/// The whole report, as `--json` writes it.
+#[derive(Debug, Serialize)]
+struct Report {
+    parameters: i64,
+    /// kart's threads (torch's default); the anchor's are in `anchor`.
+    threads: i64,
+    anchor: AnchorInfo,
+    rows: Vec<Row>,
+    /// Per batch size, the prompts whose greedy continuations are identical on both sides.
+    identical_greedy: Vec<(usize, usize)>,
+    loss: Losses,
+}
+
+#[derive(Debug, Serialize)]
+struct Losses {
+    kart: f64,
+    anchor: f64,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let workload = if args.anchor.quick { Workload::QUICK } else { Workload::FULL };
+    let runs = args.anchor.or(args.runs, 3, 1);
+    let steps = args.anchor.or(args.steps, 3, 1);
+    let python = args.anchor.python();
+    check_python(&python, "torch, transformers")?;
+
+    let work = tempfile::tempdir().context("creating a temporary folder")?;
+    let model_dir = work.path().join("model");
+    let (model, tokenizer) =
+        random_model(&model_dir, workload.sizes, workload.tokenizer_vocab, args.anchor.seed)?;
+    let parameters = parameter_count(&model);
+
+    let mut rng = ChaCha8Rng::seed_from_u64(args.anchor.seed);
+    let first_token = SPECIAL_TOKENS.len() as u32;
+    let vocab = workload.sizes.vocab_size as u32;
+    let mut random_row =
+        |len: usize| -> Vec<u32> { (0..len).map(|_| rng.random_range(first_token..vocab)).collect() };
+    let largest_batch = workload.batches.iter().copied().max().unwrap_or(1);
+    let prompts: Vec<Vec<u32>> = (0..largest_batch).map(|_| random_row(workload.prompt_tokens)).collect();
+    let train_ids: Vec<Vec<i64>> = (0..workload.train_batch)
+        .map(|_| random_row(workload.train_tokens).into_iter().map(i64::from).collect())
+        .collect();
+
+    let (mut anchor, info): (_, AnchorInfo) =
+        Anchor::start(&python, work.path(), "model_anchor.py", ANCHOR, &[model_dir.as_os_str()])?;
+    eprintln!(
+        "kart bench model: {:.1}M parameters; kart and transformers {} (torch {}) take turns",
+        parameters as f64 / 1e6,
+        info.transformers,
+        info.torch
+    );
+
+    let mut rows = Vec::new();
+    let mut identical_greedy = Vec::new();
+    for batch in workload.batches {
+        let prompts = &prompts[..batch];
+        anchor_generate(&mut anchor, prompts, workload.warmup_tokens)?;
+        kart_generate(&model, &tokenizer, prompts, workload.warmup_tokens)?;
+        let (ours, theirs) = take_turns(
+            runs,
+            || kart_generate(&model, &tokenizer, prompts, workload.new_tokens),
+            || anchor_generate(&mut anchor, prompts, workload.new_tokens),
+        )?;
+        let tokens = (batch * workload.new_tokens) as f64;
+        let speed = |runs: &[Generated]| tokens / median(runs.iter().map(|r| r.seconds));
+        let metric = format!("generate, batch {batch} (tokens/s)");
+        let target = if batch == 1 { 1.0 } else { 1.5 };
+        rows.push(Row::at_least(metric, speed(&ours), speed(&theirs), target));
+        let (ours, theirs) = (&ours[runs - 1].tokens, &theirs[runs - 1].tokens);
+        identical_greedy.push((batch, ours.iter().zip(theirs).filter(|(a, b)| a == b).count()));
+    }
+
+    let ids = Tensor::from_slice(&train_ids.concat()).view([train_ids.len() as i64, -1]);
+    anchor_train(&mut anchor, &train_ids)?;
+    kart_train(&model, &ids);
+    let (ours, theirs) =
+        take_turns(steps, || Ok(kart_train(&model, &ids)), || anchor_train(&mut anchor, &train_ids))?;
+    let step_time = |steps: &[Trained]| steps.iter().map(|s| s.seconds).sum::<f64>() / steps.len() as f64;
+    rows.push(Row::at_most(
+        "train step, forward + backward (s)".to_owned(),
+        step_time(&ours),
+        step_time(&theirs),
+        1.0,
+    ));
+
+    let report = Report {
+        parameters,
+        threads: i64::from(tch::get_num_threads()),
+        anchor: info.clone(),
+        rows,
+        identical_greedy,
+        loss: Losses { kart: ours[steps - 1].loss, anchor: theirs[steps - 1].loss },
+    };
+    print_report(&report, &workload);
+    if let Some(path) = &args.anchor.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn anchor_generate(
+    anchor: &mut Anchor,
+    prompts: &[Vec<u32>],
+    new_tokens: usize,
+) -> anyhow::Result<Generated> {
+    anchor.call(&json!({"op": "generate", "prompts": prompts, "new_tokens": new_tokens}))
+}
+
+fn anchor_train(anchor: &mut Anchor, input_ids: &[Vec<i64>]) -> anyhow::Result<Trained> {
+    anchor.call(&json!({"op": "train", "input_ids": input_ids}))
+}
+
+/// A random Qwen2 model of `sizes` with a freshly trained tokenizer, saved to `dir` as a Hugging
+/// Face folder both sides load.
+pub(super) fn random_model(
+    dir: &std::path::Path,
+    sizes: QwenSizes,
+    tokenizer_vocab: usize,
+    seed: u64,
+) -> anyhow::Result<(CausalLm, Tokenizer)> {
+    let config = ModelConfig::qwen2(sizes)?;
+    let model = CausalLm::random(config.clone(), Device::Cpu, seed)?;
+    let tokenizer = train_tokenizer(tokenizer_vocab)?;
+    save_pretrained(dir, &config, &model.named_tensors(), None, Kind::Float)?;
+    tokenizer.save(dir, Some(CHATML))?;
+    Ok((model, tokenizer))
+}
+
+/// Parameters of a model (a tied head counted once).
+pub(super) fn parameter_count(model: &CausalLm) -> i64 {
+    model.named_tensors().iter().map(|(_, t)| t.numel() as i64).sum()
+}
+
+/// A small byte-level BPE trained on generated English-like text: the saved folder gets a
+/// tokenizer like a real model's (the benchmark itself feeds token ids).
+fn train_tokenizer(vocab_size: usize) -> anyhow::Result<Tokenizer> {
+    const WORDS: [&str; 24] = [
+        "the", "agent", "searches", "for", "a", "passage", "about", "river", "which", "answer", "is",
+        "correct", "model", "reads", "page", "and", "then", "writes", "short", "summary", "of", "question",
+        "in", "Paris",
+    ];
+    let sentences: Vec<String> = (0..2000)
+        .map(|i: usize| {
+            let words = (0..12).map(|j| WORDS[(i * 7 + j * j * 3 + j) % WORDS.len()]);
+            words.collect::<Vec<_>>().join(" ") + "."
+        })
+        .collect();
+    let texts = sentences.iter().map(String::as_str);
+    Ok(Tokenizer::train_byte_level_bpe(texts, vocab_size, &SPECIAL_TOKENS, "<|im_end|>", "<|endoftext|>")?)
+}
+
+/// kart's greedy generation of exactly `new_tokens` tokens after each prompt, all in one batch.
+fn kart_generate(
+    model: &CausalLm,
+    tokenizer: &Tokenizer,
+    prompts: &[Vec<u32>],
+    new_tokens: usize,
+) -> anyhow::Result<Generated> {
+    let requests = prompts
+        .iter()
+        .map(|prompt| GenerationRequest {
+            input_ids: prompt.clone(),
+            sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+            max_new_tokens: new_tokens,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+        })
+        .collect();
+    let start = Instant::now();
+    let generations = generate(model, tokenizer, requests, prompts.len(), 0)?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(Generated { seconds, tokens: generations.into_iter().map(|g| g.token_ids).collect() })
+}
+
+/// kart's training step: forward, loss = -mean log p(next token), backward, gradients cleared.
+fn kart_train(model: &CausalLm, ids: &Tensor) -> Trained {
+    let start = Instant::now();
+    let (batch, len) = ids.size2().expect("(B, T) token ids");
+    let positions = Tensor::arange(len, (Kind::Int64, Device::Cpu)).expand([batch, len], false);
+    let hidden = model.forward(ids, &positions, None, None);
+    let (inputs, targets) = (hidden.narrow(1, 0, len - 1), ids.narrow(1, 1, len - 1));
+    let logprobs = token_logprobs(model, &inputs, &targets, 1.0, false, DEFAULT_CHUNK).logprobs;
+    let loss = -logprobs.mean(Kind::Float);
+    loss.backward();
+    for mut variable in model.var_store().trainable_variables() {
+        variable.zero_grad();
+    }
+    let loss = loss.double_value(&[]);
+    Trained { seconds: start.elapsed().as_secs_f64(), loss }
+}
+
+fn print_report(report: &Report, workload: &Workload) {
+    let s = &workload.sizes;
+    println!(
+        "model: Qwen2, {:.1}M parameters (vocab {}, hidden {}, {} layers, {}/{} heads), f32 on the CPU",
+        report.parameters as f64 / 1e6,
+        s.vocab_size,
+        s.hidden_size,
+        s.num_hidden_layers,
+        s.num_attention_heads,
+        s.num_key_value_heads
+    );
+    println!(
+        "workload: {}-token prompts, {} new tokens (greedy); training batch {} x {}",
+        workload.prompt_tokens, workload.new_tokens, workload.train_batch, workload.train_tokens
+    );
+    let anchor = &report.anchor;
+    println!(
+        "threads: kart {}, transformers {} (transformers {}, torch {})",
+        report.threads, anchor.threads, anchor.transformers, anchor.torch
+    );
+    println!();
+    println!("{:<36} {:>10} {:>13} {:>7} {:>8}  met?", "metric", "kart", "transformers", "ratio", "target");
+    for row in &report.rows {
+        println!(
+            "{:<36} {:>10.3} {:>13.3} {:>6.2}x {:>8}  {}",
+            row.metric,
+            row.kart,
+            row.anchor,
+            row.ratio,
+            row.target,
+            if row.met { "yes" } else { "no" }
+        );
+    }
+    println!();
+    for (batch, same) in &report.identical_greedy {
+        println!("greedy tokens identical at batch {batch}: {same}/{batch} prompts");
+    }
+    println!("training loss: kart {:.6}, transformers {:.6}", report.loss.kart, report.loss.anchor);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn turns_alternate_who_goes_first() {
+        let order = std::cell::RefCell::new(Vec::new());
+        let turn = |side| {
+            order.borrow_mut().push(side);
+            Ok(())
+        };
+        let (ours, theirs) = take_turns(3, || turn("kart"), || turn("anchor")).unwrap();
+        assert_eq!((ours.len(), theirs.len()), (3, 3));
+        assert_eq!(*order.borrow(), ["kart", "anchor", "anchor", "kart", "kart", "anchor"]);
+    }
+
+    #[test]
+    fn rows_compare_against_their_target() {
+        let fast = Row::at_least("generate".to_owned(), 150.0, 100.0, 1.5);
+        assert!(fast.met && fast.target == ">= 1.5x" && fast.ratio == 1.5);
+        let slow = Row::at_most("train".to_owned(), 1.1, 1.0, 1.0);
+        assert!(!slow.met && slow.target == "<= 1.0x");
+    }
+}

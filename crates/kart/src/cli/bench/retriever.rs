@@ -1,0 +1,702 @@
+//! `kart bench retriever`: BM25 index build and query speed, and retrieval quality, on a
+//! synthetic corpus, against bm25s on the same corpus and queries in the same run.
+//!
+//! The corpus is generated from a seed: English stop words then synthetic words (consonant-vowel
+//! syllables, which English stemming leaves intact) with Zipf-distributed frequencies, passages of
+//! 80 to 120 words under a title of 1 to 3 words, written in Search-R1's corpus format. Each query
+//! takes 4 to 6 distinct words of a known answer passage, in random order, sometimes with stop
+//! words, so recall is measurable. The anchor (`scripts/bench/retriever_anchor.py`) indexes the
+//! same files with bm25s, scoring like tantivy (k1 = 1.2, b = 0.75, the same stop words).
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use kart_retriever::LocalIndex;
+use kart_retriever::bm25::{self, Bm25Index};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Benchmark BM25 retrieval against bm25s on a synthetic corpus.
+///
+/// Prints a table of index build speed, query throughput (single queries one at a time, single
+/// queries from one concurrent client per core, batches), single-query latency and recall, with
+/// bm25s's figures and the ratios against them (above 1 means kart is better).
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Passages in the synthetic corpus.
+    #[arg(long, default_value_t = 1_000_000)]
+    passages: u64,
+    /// Queries, each with a known answer passage.
+    #[arg(long, default_value_t = 10_000)]
+    queries: u64,
+    /// Queries per batch in the batched measurement.
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
+    /// Results per query; recall is measured at this depth.
+    #[arg(long, default_value_t = 3)]
+    topk: usize,
+    /// Words in the vocabulary (English stop words, then synthetic words).
+    #[arg(long, default_value_t = 200_000)]
+    vocab: usize,
+    /// Zipf exponent of word frequencies.
+    #[arg(long, default_value_t = 1.0)]
+    zipf: f64,
+    /// Seed of the corpus and queries.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Indexing memory budget in MiB.
+    #[arg(long, default_value_t = 1024)]
+    memory_mb: usize,
+    /// Folder for the corpus, queries and index, kept afterwards [default: a temporary folder].
+    #[arg(long)]
+    work: Option<PathBuf>,
+    /// Skip the bm25s anchor.
+    #[arg(long)]
+    no_anchor: bool,
+    /// Python interpreter of the anchor, with the packages of scripts/requirements.txt.
+    #[arg(long, default_value = "python3")]
+    python: PathBuf,
+    /// The anchor script.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench/retriever_anchor.py"))]
+    anchor_script: PathBuf,
+    /// Also write the results to this file as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.passages > 0 && args.queries > 0, "--passages and --queries must be at least 1");
+    anyhow::ensure!(args.topk > 0 && args.batch > 0, "--topk and --batch must be at least 1");
+    anyhow::ensure!(args.vocab > STOPWORDS.len(), "--vocab must exceed the {} stop words", STOPWORDS.len());
+    let work = WorkDir::new(args.work.clone())?;
+    let corpus = work.path.join("corpus.jsonl");
+    let queries_path = work.path.join("queries.jsonl");
+    let index_dir = work.path.join("index");
+    if index_dir.exists() {
+        std::fs::remove_dir_all(&index_dir).with_context(|| format!("removing {}", index_dir.display()))?;
+    }
+
+    let generator = Generator::new(args.seed, args.vocab, args.zipf);
+    let corpus_bytes = generator.write_corpus(&corpus, args.passages)?;
+    let queries = generator.queries(args.queries, args.passages);
+    write_queries(&queries_path, &queries)?;
+    let texts: Vec<String> = queries.iter().map(|q| q.text.clone()).collect();
+
+    tracing::info!(passages = args.passages, "building the BM25 index");
+    let bar = progress_bar("{spinner} index [{elapsed_precise}] {bar:40} {bytes}/{total_bytes} {msg}");
+    let started = Instant::now();
+    let docs = bm25::build(&corpus, &index_dir, args.memory_mb << 20, |read, total, docs| {
+        bar.set_length(total);
+        bar.set_position(read);
+        bar.set_message(format!("{docs} passages"));
+    })?;
+    let build_secs = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let index = Bm25Index::open(&index_dir)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+
+    tracing::info!(queries = texts.len(), "warming up: one batched pass over the queries");
+    batched(&index, &texts, args.batch, args.topk)?;
+    tracing::info!("single queries, one at a time");
+    let (sequential, results) = sequential(&index, &texts, args.topk)?;
+    tracing::info!(clients = cores, "single queries, concurrent clients");
+    let concurrent = concurrent(&index, &texts, args.topk, cores)?;
+    tracing::info!(batch = args.batch, "batched queries");
+    let batch_secs = batched(&index, &texts, args.batch, args.topk)?;
+    let found = queries
+        .iter()
+        .zip(&results)
+        .filter(|(query, hits)| hits.iter().any(|hit| hit.document.id == query.answer.to_string()))
+        .count();
+
+    let kart = Measures {
+        index_passages_per_second: docs as f64 / build_secs,
+        index_seconds: build_secs,
+        index_bytes: folder_size(&index_dir)?,
+        single_qps: sequential.qps(),
+        single_p50_ms: sequential.percentile_ms(50.0),
+        single_p99_ms: sequential.percentile_ms(99.0),
+        concurrent_qps: concurrent.qps(),
+        concurrent_p99_ms: concurrent.percentile_ms(99.0),
+        batch_qps: texts.len() as f64 / batch_secs,
+        recall: found as f64 / queries.len() as f64,
+    };
+    drop(index);
+    let anchor = if args.no_anchor { None } else { Some(anchor(&args, &corpus, &queries_path, &work.path)?) };
+
+    let report = Report {
+        passages: docs,
+        corpus_bytes,
+        queries: texts.len(),
+        topk: args.topk,
+        batch: args.batch,
+        vocab: args.vocab,
+        zipf: args.zipf,
+        seed: args.seed,
+        cores,
+        rows: rows(&kart, anchor.as_ref(), &args, cores),
+        kart,
+        anchor,
+    };
+    report.print();
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Lucene's English stop words (tantivy's list): the most frequent words of the vocabulary.
+const STOPWORDS: [&str; 33] = [
+    "the", "of", "and", "in", "to", "a", "is", "was", "for", "as", "on", "by", "with", "that", "it", "at",
+    "be", "are", "this", "an", "or", "not", "their", "they", "these", "such", "no", "if", "into", "then",
+    "there", "but", "will",
+];
+const CONSONANTS: &[u8; 16] = b"bdfghjklmnprtvwz";
+/// No `e`, `i` or `y`: an English (Porter2) stemmer strips none of the resulting word endings.
+const VOWELS: &[u8; 3] = b"aou";
+
+/// Stream numbers of [`Rng::new`].
+const PASSAGE_STREAM: u64 = 1;
+const QUERY_STREAM: u64 = 2;
+
+/// SplitMix64: small, fast and fixed forever, so a seed names the same corpus on every platform and
+/// kart version, and each passage or query has its own generator (generation is parallel).
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64, stream: u64, item: u64) -> Self {
+        let mut mixer = Rng(seed ^ stream.rotate_left(32));
+        Rng(mixer.next_u64() ^ item.wrapping_mul(0xD6E8_FEB8_6659_FD93))
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `range`.
+    fn between(&mut self, range: std::ops::RangeInclusive<u64>) -> u64 {
+        let span = range.end() - range.start() + 1;
+        range.start() + ((u128::from(self.next_u64()) * u128::from(span)) >> 64) as u64
+    }
+}
+
+/// Words of the synthetic corpus by rank and their Zipf sampler.
+struct Generator {
+    seed: u64,
+    words: Vec<String>,
+    /// Cumulative Zipf weights of the ranks.
+    cumulative: Vec<f64>,
+}
+
+/// A passage or query, as word ranks.
+struct Passage {
+    title: Vec<usize>,
+    text: Vec<usize>,
+}
+
+/// A query and the corpus ordinal (also its id) of the passage it was drawn from.
+#[derive(Serialize)]
+struct Query {
+    #[serde(rename = "query")]
+    text: String,
+    #[serde(serialize_with = "serialize_id")]
+    answer: u64,
+}
+
+/// Ids are written as JSON strings, as in Search-R1's corpora.
+fn serialize_id<S: serde::Serializer>(id: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(id)
+}
+
+impl Generator {
+    fn new(seed: u64, vocab: usize, exponent: f64) -> Self {
+        let synthetic = (0..vocab - STOPWORDS.len()).map(synthetic_word);
+        let words = STOPWORDS.iter().map(|w| w.to_string()).chain(synthetic).collect();
+        let cumulative = (1..=vocab)
+            .scan(0.0, |sum, rank| {
+                *sum += (rank as f64).powf(-exponent);
+                Some(*sum)
+            })
+            .collect();
+        Generator { seed, words, cumulative }
+    }
+
+    fn word(&self, rng: &mut Rng) -> usize {
+        let target = rng.unit() * self.cumulative.last().expect("a vocabulary");
+        self.cumulative.partition_point(|&c| c <= target).min(self.words.len() - 1)
+    }
+
+    fn content_word(&self, rng: &mut Rng) -> usize {
+        loop {
+            let word = self.word(rng);
+            if word >= STOPWORDS.len() {
+                return word;
+            }
+        }
+    }
+
+    fn passage(&self, ordinal: u64) -> Passage {
+        let mut rng = Rng::new(self.seed, PASSAGE_STREAM, ordinal);
+        let title = (0..rng.between(1..=3)).map(|_| self.content_word(&mut rng)).collect();
+        let text = (0..rng.between(80..=120)).map(|_| self.word(&mut rng)).collect();
+        Passage { title, text }
+    }
+
+    fn words(&self, ranks: &[usize]) -> String {
+        ranks.iter().map(|&r| self.words[r].as_str()).collect::<Vec<_>>().join(" ")
+    }
+
+    /// Writes `passages` passages as Search-R1 JSON lines; returns the file's size.
+    fn write_corpus(&self, path: &Path, passages: u64) -> anyhow::Result<u64> {
+        #[derive(Serialize)]
+        struct Row {
+            id: String,
+            contents: String,
+        }
+        const CHUNK: u64 = 20_000;
+        tracing::info!(passages, path = %path.display(), "generating the corpus");
+        let bar = progress_bar("{spinner} corpus [{elapsed_precise}] {bar:40} {pos}/{len} passages");
+        bar.set_length(passages);
+        let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let mut out = BufWriter::new(file);
+        for start in (0..passages).step_by(CHUNK as usize) {
+            let lines: Vec<String> = (start..passages.min(start + CHUNK))
+                .into_par_iter()
+                .map(|ordinal| {
+                    let passage = self.passage(ordinal);
+                    let contents = kart_core::agent::search_r1::contents(
+                        &self.words(&passage.title),
+                        &self.words(&passage.text),
+                    );
+                    serde_json::to_string(&Row { id: ordinal.to_string(), contents })
+                        .expect("a row serialises")
+                })
+                .collect();
+            for line in lines {
+                writeln!(out, "{line}")?;
+            }
+            bar.inc(CHUNK.min(passages - start));
+        }
+        out.flush()?;
+        bar.finish_and_clear();
+        Ok(std::fs::metadata(path)?.len())
+    }
+
+    /// `n` queries over a corpus of `passages` passages.
+    fn queries(&self, n: u64, passages: u64) -> Vec<Query> {
+        (0..n)
+            .into_par_iter()
+            .map(|i| {
+                let mut rng = Rng::new(self.seed, QUERY_STREAM, i);
+                let answer = rng.between(0..=passages - 1);
+                let mut pool: Vec<usize> =
+                    self.passage(answer).text.into_iter().filter(|&w| w >= STOPWORDS.len()).collect();
+                pool.sort_unstable();
+                pool.dedup();
+                // A partial Fisher-Yates shuffle picks the query's words.
+                let k = (rng.between(4..=6) as usize).min(pool.len());
+                for j in 0..k {
+                    let pick = rng.between(j as u64..=pool.len() as u64 - 1) as usize;
+                    pool.swap(j, pick);
+                }
+                pool.truncate(k);
+                if rng.between(0..=1) == 1 {
+                    let at = rng.between(0..=k as u64) as usize;
+                    pool.insert(at, rng.between(0..=STOPWORDS.len() as u64 - 1) as usize);
+                }
+                Query { text: self.words(&pool), answer }
+            })
+            .collect()
+    }
+}
+
+/// The synthetic word of a rank: the rank (offset to have at least two digits) in base 48, one
+/// consonant-vowel syllable per digit. Distinct ranks give distinct words, never stop words.
+fn synthetic_word(rank: usize) -> String {
+    let base = CONSONANTS.len() * VOWELS.len();
+    let mut digits = Vec::new();
+    let mut n = rank + base;
+    while n > 0 {
+        digits.push(n % base);
+        n /= base;
+    }
+    digits
+        .iter()
+        .rev()
+        .flat_map(|&d| [CONSONANTS[d / VOWELS.len()] as char, VOWELS[d % VOWELS.len()] as char])
+        .collect()
+}
+
+fn write_queries(path: &Path, queries: &[Query]) -> anyhow::Result<()> {
+    let mut out =
+        BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?);
+    for query in queries {
+        serde_json::to_writer(&mut out, query)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(out.flush()?)
+}
+
+/// Latencies of single queries and the wall time they took.
+struct Timings {
+    latencies: Vec<Duration>,
+    wall: Duration,
+}
+
+impl Timings {
+    fn qps(&self) -> f64 {
+        self.latencies.len() as f64 / self.wall.as_secs_f64()
+    }
+
+    /// Linearly interpolated, like numpy's default.
+    fn percentile_ms(&self, p: f64) -> f64 {
+        let mut ms: Vec<f64> = self.latencies.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        let rank = p / 100.0 * (ms.len() - 1) as f64;
+        let (low, high) = (rank.floor() as usize, rank.ceil() as usize);
+        ms[low] + (ms[high] - ms[low]) * (rank - low as f64)
+    }
+}
+
+type Hits = Vec<kart_core::agent::search_r1::RetrievalResult>;
+
+/// One query at a time on this thread.
+fn sequential(index: &Bm25Index, queries: &[String], topk: usize) -> anyhow::Result<(Timings, Vec<Hits>)> {
+    let started = Instant::now();
+    let mut latencies = Vec::with_capacity(queries.len());
+    let mut results = Vec::with_capacity(queries.len());
+    for query in queries {
+        let began = Instant::now();
+        results.push(index.search(query, topk)?);
+        latencies.push(began.elapsed());
+    }
+    Ok((Timings { latencies, wall: started.elapsed() }, results))
+}
+
+/// `clients` threads, each sending one query at a time, as concurrent clients of a server do.
+fn concurrent(index: &Bm25Index, queries: &[String], topk: usize, clients: usize) -> anyhow::Result<Timings> {
+    let next = AtomicUsize::new(0);
+    let started = Instant::now();
+    let per_client = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..clients)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut latencies = Vec::new();
+                    while let Some(query) = queries.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let began = Instant::now();
+                        index.search(query, topk)?;
+                        latencies.push(began.elapsed());
+                    }
+                    anyhow::Ok(latencies)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client thread panicked"))
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    Ok(Timings { latencies: per_client.concat(), wall: started.elapsed() })
+}
+
+/// Seconds to answer all queries in batches of `batch` through [`LocalIndex::search_batch`].
+fn batched(index: &Bm25Index, queries: &[String], batch: usize, topk: usize) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    for chunk in queries.chunks(batch) {
+        index.search_batch(chunk, topk)?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn folder_size(dir: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        total += entry?.metadata()?.len();
+    }
+    Ok(total)
+}
+
+fn progress_bar(template: &str) -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    bar.set_style(ProgressStyle::with_template(template).expect("valid template"));
+    bar
+}
+
+/// The bench's folder: the one given, or a temporary one removed when the bench ends.
+struct WorkDir {
+    path: PathBuf,
+    temporary: bool,
+}
+
+impl WorkDir {
+    fn new(given: Option<PathBuf>) -> anyhow::Result<Self> {
+        let (path, temporary) = match given {
+            Some(path) => (path, false),
+            None => (std::env::temp_dir().join(format!("kart-bench-retriever-{}", std::process::id())), true),
+        };
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(WorkDir { path, temporary })
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if self.temporary {
+            // Best effort: a leftover temporary folder is harmless.
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// kart's figures.
+#[derive(Debug, Serialize)]
+struct Measures {
+    index_seconds: f64,
+    index_passages_per_second: f64,
+    index_bytes: u64,
+    single_qps: f64,
+    single_p50_ms: f64,
+    single_p99_ms: f64,
+    concurrent_qps: f64,
+    concurrent_p99_ms: f64,
+    batch_qps: f64,
+    recall: f64,
+}
+
+/// The anchor's figures, as `retriever_anchor.py` writes them.
+#[derive(Debug, Serialize, Deserialize)]
+struct Anchor {
+    anchor: String,
+    index_seconds: f64,
+    index_passages_per_second: f64,
+    single_qps: f64,
+    single_p50_ms: f64,
+    single_p99_ms: f64,
+    concurrent_qps: f64,
+    batch_qps: f64,
+    recall: f64,
+}
+
+fn anchor(args: &Args, corpus: &Path, queries: &Path, work: &Path) -> anyhow::Result<Anchor> {
+    tracing::info!(script = %args.anchor_script.display(), "running the bm25s anchor");
+    let out = work.join("anchor.json");
+    let status = Command::new(&args.python)
+        .arg(&args.anchor_script)
+        .args(["--corpus".as_ref(), corpus.as_os_str(), "--queries".as_ref(), queries.as_os_str()])
+        .args(["--topk", &args.topk.to_string(), "--batch", &args.batch.to_string()])
+        .arg("--json")
+        .arg(&out)
+        .status()
+        .with_context(|| format!("starting {}", args.python.display()))?;
+    if !status.success() {
+        bail!(
+            "the anchor {} failed ({status}); install its packages with `pip install -r scripts/requirements.txt`, \
+             or pass --no-anchor",
+            args.anchor_script.display()
+        );
+    }
+    let json = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
+    serde_json::from_slice(&json).with_context(|| format!("parsing {}", out.display()))
+}
+
+/// One line of the table.
+#[derive(Debug, Serialize)]
+struct Row {
+    metric: String,
+    kart: f64,
+    anchor: Option<f64>,
+    /// How many times better kart is than the anchor.
+    ratio: Option<f64>,
+    target: Option<String>,
+    met: Option<bool>,
+}
+
+/// Ratio targets against the anchor and the absolute ones of the retriever issue.
+const QPS_RATIO_TARGET: f64 = 3.0;
+const P99_TARGET_MS: f64 = 20.0;
+const RECALL_TARGET: f64 = 0.95;
+
+fn rows(kart: &Measures, anchor: Option<&Anchor>, args: &Args, cores: usize) -> Vec<Row> {
+    let throughput = |metric: String, kart: f64, anchor: Option<f64>, target: Option<f64>| {
+        let ratio = anchor.map(|a| kart / a);
+        Row {
+            metric,
+            kart,
+            anchor,
+            ratio,
+            target: target.map(|t| format!(">= {t}x")),
+            met: target.zip(ratio).map(|(t, r)| r >= t),
+        }
+    };
+    let latency = |metric: &str, kart: f64, anchor: Option<f64>, target: Option<f64>| Row {
+        metric: metric.into(),
+        kart,
+        anchor,
+        ratio: anchor.map(|a| a / kart),
+        target: target.map(|t| format!("<= {t} ms")),
+        met: target.map(|t| kart <= t),
+    };
+    vec![
+        throughput(
+            "index build, passages/s".into(),
+            kart.index_passages_per_second,
+            anchor.map(|a| a.index_passages_per_second),
+            None,
+        ),
+        throughput(
+            "QPS, single queries, sequential (1 thread)".into(),
+            kart.single_qps,
+            anchor.map(|a| a.single_qps),
+            Some(QPS_RATIO_TARGET),
+        ),
+        throughput(
+            format!("QPS, single queries, {cores} concurrent clients"),
+            kart.concurrent_qps,
+            anchor.map(|a| a.concurrent_qps),
+            Some(QPS_RATIO_TARGET),
+        ),
+        throughput(
+            format!("QPS, batches of {} ({cores} cores)", args.batch),
+            kart.batch_qps,
+            anchor.map(|a| a.batch_qps),
+            Some(QPS_RATIO_TARGET),
+        ),
+        latency(
+            "latency p50, single sequential, ms",
+            kart.single_p50_ms,
+            anchor.map(|a| a.single_p50_ms),
+            None,
+        ),
+        latency(
+            "latency p99, single sequential, ms",
+            kart.single_p99_ms,
+            anchor.map(|a| a.single_p99_ms),
+            Some(P99_TARGET_MS),
+        ),
+        latency(
+            &format!("latency p99, {cores} concurrent clients, ms"),
+            kart.concurrent_p99_ms,
+            None,
+            Some(P99_TARGET_MS),
+        ),
+        Row {
+            metric: format!("recall@{}", args.topk),
+            kart: kart.recall,
+            anchor: anchor.map(|a| a.recall),
+            ratio: anchor.map(|a| kart.recall / a.recall),
+            target: Some(format!(">= {RECALL_TARGET}")),
+            met: Some(kart.recall >= RECALL_TARGET),
+        },
+    ]
+}
+
+/// Everything the bench measured (the `--json` file).
+#[derive(Debug, Serialize)]
+struct Report {
+    passages: u64,
+    corpus_bytes: u64,
+    queries: usize,
+    topk: usize,
+    batch: usize,
+    vocab: usize,
+    zipf: f64,
+    seed: u64,
+    cores: usize,
+    kart: Measures,
+    anchor: Option<Anchor>,
+    rows: Vec<Row>,
+}
+
+impl Report {
+    fn print(&self) {
+        let anchor = self.anchor.as_ref().map_or("no anchor (--no-anchor)", |a| a.anchor.as_str());
+        println!(
+            "corpus: {} passages ({:.0} MB), vocabulary {} (Zipf {}), seed {}; {} queries, top {}; {} cores",
+            self.passages,
+            self.corpus_bytes as f64 / 1e6,
+            self.vocab,
+            self.zipf,
+            self.seed,
+            self.queries,
+            self.topk,
+            self.cores
+        );
+        println!(
+            "kart: tantivy BM25, index {:.1}s ({:.0} MB); anchor: {anchor}",
+            self.kart.index_seconds,
+            self.kart.index_bytes as f64 / 1e6
+        );
+        println!("ratio: how many times better kart is (throughput kart/anchor, latency anchor/kart)\n");
+        println!(
+            "{:<44} {:>10} {:>10} {:>7} {:>10} {:>5}",
+            "metric", "kart", "bm25s", "ratio", "target", "met?"
+        );
+        for row in &self.rows {
+            let value = |v: f64| if v < 10.0 { format!("{v:.3}") } else { format!("{v:.0}") };
+            println!(
+                "{:<44} {:>10} {:>10} {:>7} {:>10} {:>5}",
+                row.metric,
+                value(row.kart),
+                row.anchor.map_or("-".into(), value),
+                row.ratio.map_or("-".into(), |r| format!("{r:.2}x")),
+                row.target.as_deref().unwrap_or("-"),
+                row.met.map_or("-", |met| if met { "yes" } else { "NO" }),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kart_retriever::docstore::english_analyzer;
+
+    #[test]
+    fn synthetic_words_are_distinct_and_survive_english_analysis() {
+        let mut analyzer = english_analyzer();
+        let generator = Generator::new(0, 200_000, 1.0);
+        let synthetic = &generator.words[STOPWORDS.len()..];
+        for word in synthetic {
+            let mut tokens = Vec::new();
+            analyzer.token_stream(word).process(&mut |t| tokens.push(t.text.clone()));
+            assert_eq!(tokens, [word.as_str()]);
+        }
+        let mut sorted = synthetic.to_vec();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), synthetic.len());
+        for stopword in STOPWORDS {
+            let mut tokens = 0;
+            analyzer.token_stream(stopword).process(&mut |_| tokens += 1);
+            assert_eq!(tokens, 0, "{stopword}");
+        }
+    }
+
+    #[test]
+    fn generation_is_deterministic_and_queries_come_from_their_answer() {
+        let generator = Generator::new(7, 1000, 1.0);
+        let queries = generator.queries(50, 100);
+        let again = Generator::new(7, 1000, 1.0).queries(50, 100);
+        assert!(queries.iter().zip(&again).all(|(a, b)| a.text == b.text && a.answer == b.answer));
+        for query in &queries {
+            let passage = generator.words(&generator.passage(query.answer).text);
+            let words: Vec<&str> = query.text.split(' ').collect();
+            assert!((4..=7).contains(&words.len()), "{}", query.text);
+            assert!(words.iter().all(|w| STOPWORDS.contains(w) || passage.split(' ').any(|p| p == *w)));
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! `kart bench rollout`: kart's own overhead in the agent loop, against the ideal of a perfect
+//! harness.
+//!
+//! A replay engine answers every call after a fixed latency (50 ms by default), as a remote
+//! inference server would, with token ids prepared before the run (its own work is a hash lookup:
+//! nothing of the engine's counts as kart's); the context is a worker's, its search tool calling a
+//! real retriever (`/retrieve` of kart's HTTP service on loopback, over a BM25 index of a
+//! synthetic world's corpus, no cache).
+//! Each Search-R1 trajectory searches once and then answers: two engine calls, one search; kart
+//! renders and tokenises the prompt, cuts and parses each turn, searches, tokenises the
+//! observation and scores the answer.
+//!
+//! With `c` trajectories in flight and `N` in all, the ideal wall time is `ceil(N / c) x 2 x
+//! latency`, and kart's overhead is wall / ideal - 1. The same run also times an engine-only
+//! harness (the same calls at the same concurrency, nothing else): what the engine's timer and the
+//! async runtime cost before kart does anything, printed beside it.
+
+use anyhow::Context;
+use futures::future::BoxFuture;
+use kart::local::world::{World, WorldConfig};
+use kart_core::chat::ChatMessage;
+use kart_core::config::retriever::RetrieverConfig;
+use kart_core::config::rollout::ContextConfig;
+use kart_core::engine::{Engine, EngineError, EngineOutput};
+use kart_core::generation::FinishReason;
+use kart_core::generation::Generation;
+use kart_core::generation::GenerationRequest;
+use kart_core::generation::SamplingParams;
+use kart_core::wire::Task;
+use kart_retriever::server::{AppState, Backend, router};
+use kart_rollout::env::search_r1::{SearchR1Config, SearchR1Env};
+use kart_rollout::env::{Context as EnvContext, Environment};
+use kart_tokenizer::CHATML;
+use kart_tokenizer::Tokenizer;
+use prometheus::Registry;
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Benchmark the rollout loop's overhead at concurrency 1 to 512 with a fixed-latency engine.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Latency of every engine call, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    latency_ms: u64,
+    /// Concurrency levels (trajectories in flight).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,128,256,512")]
+    concurrency: Vec<usize>,
+    /// Waves of trajectories per level (a level runs concurrency x waves trajectories).
+    #[arg(long, default_value_t = 4)]
+    waves: usize,
+    /// Small levels and one wave, to check the bench runs.
+    #[arg(long)]
+    quick: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    tokio::runtime::Runtime::new()?.block_on(bench(args))
+}
+
+/// Answers each call after `latency` with token ids prepared before the run: a search for the
+/// person a prompt asks about when the context is a prompt, the answer otherwise.
+struct ReplayEngine {
+    latency: Duration,
+    searches: HashMap<Vec<u32>, Vec<u32>>,
+    answer: Vec<u32>,
+}
+
+impl Engine for ReplayEngine {
+    fn generate(&self, request: GenerationRequest) -> BoxFuture<'_, Result<EngineOutput, EngineError>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.latency).await;
+            let token_ids = self.searches.get(&request.input_ids).unwrap_or(&self.answer).clone();
+            let logprobs = vec![-0.5; token_ids.len()];
+            Ok(EngineOutput {
+                generation: Generation { token_ids, logprobs, finish_reason: FinishReason::Stop },
+                version: 0,
+            })
+        })
+    }
+
+    fn name(&self) -> &str {
+        "replay"
+    }
+}
+
+async fn bench(args: Args) -> anyhow::Result<ExitCode> {
+    let (levels, waves) =
+        if args.quick { (vec![1, 4], 1) } else { (args.concurrency.clone(), args.waves.max(1)) };
+    let latency = Duration::from_millis(args.latency_ms);
+    let work = tempfile::tempdir().context("creating a temporary folder")?;
+
+    // A real retriever over a synthetic corpus, on loopback.
+    let world = World::generate(&WorldConfig { persons: 2000, ..WorldConfig::default() })?;
+    let corpus = work.path().join("corpus.jsonl");
+    world.write_corpus(&corpus)?;
+    let index = work.path().join("index");
+    kart_retriever::bm25::build(&corpus, &index, 64 << 20, |_, _, _| ())?;
+    let registry = Registry::new();
+    let config = RetrieverConfig { index: Some(index), ..RetrieverConfig::default() };
+    let state = AppState::new(config.clone(), &registry)?;
+    state.set_backend(Backend::open(&config, &registry)?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(kart_http::serve(listener, router(state, registry)));
+
+    let texts: Vec<String> = world.passages.iter().map(|p| p.text.clone()).collect();
+    let tokenizer = Tokenizer::train_byte_level_bpe(
+        texts.iter().map(String::as_str),
+        2048,
+        &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "<|im_end|>",
+        "<|endoftext|>",
+    )?;
+    let model_dir = work.path().join("tokenizer");
+    tokenizer.save(&model_dir, Some(CHATML))?;
+    let env = SearchR1Env::new(SearchR1Config::default());
+    // The worker's context, without its search cache (every query of a level would hit it in the
+    // next) and with room for every search in flight.
+    let tools = ContextConfig {
+        retriever_url: Some(url),
+        search_cache_entries: 0,
+        search_concurrency: levels.iter().copied().max().unwrap_or(1),
+        ..ContextConfig::default()
+    };
+    let idle = Arc::new(ReplayEngine { latency, searches: HashMap::new(), answer: Vec::new() });
+    let mut ctx = EnvContext::build(&tools, idle, &model_dir, None)?;
+
+    // One question per person; the engine's replies prepared for each.
+    let tasks: Vec<Task> = world
+        .persons
+        .iter()
+        .enumerate()
+        .map(|(i, person)| Task {
+            id: format!("q{i}"),
+            messages: Some(vec![ChatMessage::new("user", format!("Where was {} born?", person.name))]),
+            prompt: None,
+            ground_truth: vec![person.name.clone()],
+            data_source: "bench".into(),
+        })
+        .collect();
+    let mut searches = HashMap::new();
+    for (task, person) in tasks.iter().zip(&world.persons) {
+        let messages = task.messages.as_deref().unwrap_or_default();
+        let reply =
+            format!("<think> I need to search. </think>\n<search> {} birthplace </search>", person.name);
+        searches.insert(ctx.prompt_ids(messages)?, tokenizer.encode(&reply, false)?);
+    }
+    let answer = tokenizer.encode("<think> Found it. </think>\n<answer> somewhere </answer>", false)?;
+    let engine = Arc::new(ReplayEngine { latency, searches, answer });
+    ctx.engine = engine.clone();
+    let ctx = Arc::new(ctx);
+    let env: Arc<dyn Environment> = Arc::new(env);
+
+    println!(
+        "engine latency {} ms per call; 2 calls and 1 search per trajectory; retriever: kart BM25 over {} passages on loopback",
+        args.latency_ms,
+        world.passages.len()
+    );
+    println!(
+        "{:>11} {:>12} {:>10} {:>10} {:>14} {:>9} {:>12} {:>12}",
+        "concurrency",
+        "trajectories",
+        "wall (s)",
+        "ideal (s)",
+        "trajectories/s",
+        "overhead",
+        "engine only",
+        "CPU us/traj"
+    );
+    let mut overheads = Vec::new();
+    for &c in &levels {
+        let total = c * waves;
+        let level: Vec<Task> = tasks.iter().cycle().take(total).cloned().collect();
+        let ideal = total.div_ceil(c) as f64 * 2.0 * latency.as_secs_f64();
+
+        // The engine alone: the same two calls per trajectory at the same concurrency.
+        let prompts = level
+            .iter()
+            .map(|task| ctx.prompt_ids(task.messages.as_deref().unwrap_or_default()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let started = Instant::now();
+        let mut jobs = tokio::task::JoinSet::new();
+        let semaphore = Arc::new(tokio::sync::Semaphore::new(c));
+        for prompt in prompts {
+            let (engine, semaphore) = (engine.clone(), semaphore.clone());
+            jobs.spawn(async move {
+                let _permit = semaphore.acquire_owned().await.expect("open semaphore");
+                let request = |input_ids| GenerationRequest {
+                    input_ids,
+                    sampling: SamplingParams::default(),
+                    max_new_tokens: 500,
+                    stop: Vec::new(),
+                    stop_token_ids: Vec::new(),
+                    ignore_eos: false,
+                };
+                let first = engine.generate(request(prompt.clone())).await?;
+                engine.generate(request([prompt, first.generation.token_ids].concat())).await
+            });
+        }
+        while let Some(result) = jobs.join_next().await {
+            result?.map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        let engine_only = started.elapsed().as_secs_f64();
+
+        // kart's agent loop.
+        let (started, cpu_started) = (Instant::now(), cpu_seconds());
+        let mut jobs = tokio::task::JoinSet::new();
+        let semaphore = Arc::new(tokio::sync::Semaphore::new(c));
+        for task in level {
+            let (ctx, env, semaphore) = (ctx.clone(), env.clone(), semaphore.clone());
+            jobs.spawn(async move {
+                let _permit = semaphore.acquire_owned().await.expect("open semaphore");
+                let id = task.id.clone();
+                env.run(&ctx, &task, id, &SamplingParams::default()).await
+            });
+        }
+        let mut searched = 0;
+        while let Some(result) = jobs.join_next().await {
+            let t = result?.map_err(|e| anyhow::anyhow!("{e}"))?;
+            searched += usize::from(t.stats.tool_calls.get("search").is_some_and(|s| s.ok == 1));
+        }
+        anyhow::ensure!(searched == total, "only {searched} of {total} trajectories searched successfully");
+        let (wall, cpu) = (started.elapsed().as_secs_f64(), cpu_seconds() - cpu_started);
+        let overhead = wall / ideal - 1.0;
+        println!(
+            "{c:>11} {total:>12} {wall:>10.3} {ideal:>10.3} {:>14.1} {:>8.2}% {:>11.2}% {:>12.0}",
+            total as f64 / wall,
+            overhead * 100.0,
+            (engine_only / ideal - 1.0) * 100.0,
+            cpu / total as f64 * 1e6
+        );
+        overheads.push((c, overhead, engine_only / ideal - 1.0));
+    }
+    if let Some((_, overhead, engine_only)) = overheads.iter().find(|(c, ..)| *c == 256) {
+        let met = if *overhead <= 0.02 { "met" } else { "missed" };
+        println!(
+            "target: overhead <= 2% at 256 concurrent trajectories: {:.2}% ({met}); the engine alone: {:.2}%",
+            overhead * 100.0,
+            engine_only * 100.0
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// CPU time of this process so far (user and system, all threads), in seconds.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}

@@ -1,0 +1,540 @@
+//! `kart local`: a search agent trained on this CPU in minutes. World, index, tokenizer, tiny
+//! model, warm start, then RL through the trainer with its in-process pool (the embedded engine
+//! and the BM25 index behind the same traits the services use), all under one output folder.
+
+use anyhow::Context;
+use clap::Args;
+use kart::local::copy_drill::copy_drills;
+use kart::local::gold::GoldConfig;
+use kart::local::warm_start::{self, WarmStart};
+use kart::local::world::{DatasetPaths, World, WorldConfig};
+use kart_core::config::env::{EnvConfig, SearchR1Config};
+use kart_core::config::train::{
+    AdvantageEstimator, AlgorithmConfig, BatchConfig, CheckpointConfig, DataConfig, Device, EvalConfig,
+    OptimConfig, RolloutSource, Sampling, TrainConfig,
+};
+use kart_model::{CausalLm, ModelConfig, QwenSizes, save_pretrained};
+use kart_retriever::bm25::{self, Bm25Index};
+use kart_tokenizer::{CHATML, ChatTemplate, Tokenizer};
+use kart_train::eval::Evaluation;
+use kart_train::record::keys;
+use kart_train::server::StatusHandle;
+use kart_train::trainer::{RunSummary, Trainer};
+use kart_train::weights::WeightStore;
+use prometheus::Registry;
+use serde::Serialize;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Train a tiny search agent on this CPU: a synthetic world of invented people and companies, a
+/// BPE tokenizer and a Qwen2-shaped model made from scratch, a supervised warm start on gold
+/// Search-R1 trajectories (some deliberately imperfect), then RL with the in-process BM25
+/// retriever; prints held-out figures before and after RL.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct LocalArgs {
+    /// Output folder (world, models, warm-start losses, metrics, chart, summary.json); an earlier
+    /// run's are replaced.
+    #[arg(long, default_value = "kart-local")]
+    out: PathBuf,
+    /// Seed of the world, the model and every sampling decision.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// People in the world (companies and cities scale with it).
+    #[arg(long, default_value_t = 3000)]
+    persons: usize,
+    /// RL training questions: about persons and companies no warm-start trajectory names, so
+    /// their rewards come from searching, not from what the warm start memorised.
+    #[arg(long, default_value_t = 600)]
+    rl_questions: usize,
+    /// Share of two-hop questions.
+    #[arg(long, default_value_t = 0.4)]
+    two_hop_share: f64,
+    /// Hidden size of the model.
+    #[arg(long, default_value_t = 128)]
+    hidden: usize,
+    /// Decoder layers of the model.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Attention heads of the model.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Standard deviation of the model's initial weights. Larger than transformers' 0.02: a tiny
+    /// model starting from 0.02 takes far longer to learn to copy names from the prompt and the
+    /// search results.
+    #[arg(long, default_value_t = 0.1)]
+    init_std: f64,
+    /// Largest vocabulary of the tokenizer (BPE stops merging once every word is one token).
+    #[arg(long, default_value_t = 8192)]
+    vocab: usize,
+    /// Warm-start updates on the gold trajectories.
+    #[arg(long, default_value_t = 2000)]
+    warm_steps: u64,
+    /// Updates on copy drills (words of the corpus, then the same words again) before the gold
+    /// trajectories: the model made from scratch learns to copy what it has read before it
+    /// learns the agent's format (0: none).
+    #[arg(long, default_value_t = 1500)]
+    copy_drills: u64,
+    /// Gold trajectories per warm-start update.
+    #[arg(long, default_value_t = 8)]
+    warm_batch: usize,
+    /// Warm-start learning rate.
+    #[arg(long, default_value_t = 2e-3)]
+    warm_lr: f64,
+    /// Share of imperfect gold trajectories (wrong query, no search, first hop only).
+    #[arg(long, default_value_t = GoldConfig::default().corrupt_share)]
+    corrupt_share: f64,
+    /// Share of the year questions (birth and founding years) whose gold trajectory answers from
+    /// memory without searching: a habit greedy decoding shows and RL has to unlearn.
+    #[arg(long, default_value_t = GoldConfig::default().year_guess_share)]
+    year_guess_share: f64,
+    /// Share of the two-hop questions whose gold trajectory answers with the bridge entity after
+    /// the first hop: a habit greedy decoding shows and RL has to unlearn.
+    #[arg(long, default_value_t = GoldConfig::default().first_hop_share)]
+    first_hop_share: f64,
+    /// RL steps.
+    #[arg(long, default_value_t = 40)]
+    steps: u64,
+    /// Questions per RL step.
+    #[arg(long, default_value_t = 8)]
+    prompts: usize,
+    /// Trajectories per question.
+    #[arg(long, default_value_t = 8)]
+    n: usize,
+    /// Advantage estimator: grpo, drgrpo, rloo or gae.
+    #[arg(long, default_value = "grpo")]
+    algorithm: AdvantageEstimator,
+    /// RL learning rate.
+    #[arg(long, default_value_t = 2e-4)]
+    lr: f64,
+    /// Sampling temperature of training rollouts.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Held-out questions evaluated greedily before and after RL.
+    #[arg(long, default_value_t = 200)]
+    eval_questions: usize,
+    /// Trajectories per held-out question also sampled at the training temperature; their mean
+    /// reward is reported beside the greedy figures (0: greedy only).
+    #[arg(long, default_value_t = 1)]
+    eval_samples: usize,
+}
+
+/// The run's settings, resolved from the arguments.
+struct Config {
+    out: PathBuf,
+    seed: u64,
+    world: WorldConfig,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    init_std: f64,
+    vocab: usize,
+    warm_start: WarmStart,
+    rl_steps: u64,
+    prompts: usize,
+    n: usize,
+    algorithm: AdvantageEstimator,
+    rl_lr: f64,
+    temperature: f64,
+    eval_questions: usize,
+    eval_samples: usize,
+}
+
+/// The figures of the closing table at one point of the run: greedy, and the mean reward of
+/// samples at the training temperature.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    pub exact_match: f64,
+    pub mean_reward: f64,
+    pub searches_per_trajectory: f64,
+    pub valid_format: f64,
+    pub sampled_mean_reward: Option<f64>,
+}
+
+impl From<&Evaluation> for Figures {
+    fn from(e: &Evaluation) -> Self {
+        let s = &e.greedy.all;
+        Figures {
+            exact_match: s.exact_match,
+            mean_reward: s.reward,
+            searches_per_trajectory: s.tool_calls,
+            valid_format: s.valid_format,
+            sampled_mean_reward: e.sampled.as_ref().map(|r| r.all.reward),
+        }
+    }
+}
+
+/// What `summary.json` holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct LocalSummary {
+    pub seed: u64,
+    pub seconds: f64,
+    /// Every setting of the run, as the flags name them.
+    pub settings: LocalArgs,
+    /// Sampling temperature of the training rollouts and of `sampled_mean_reward`.
+    pub temperature: f64,
+    /// Mean loss per trained token over the last tenth of the warm-start updates; each update's
+    /// loss is in `warm_start_losses`.
+    pub warm_start_loss: f64,
+    pub warm_start_losses: PathBuf,
+    pub after_warm_start: Figures,
+    pub after_rl: Figures,
+    /// Mean reward of training rollouts (sampled at the training temperature) in the first and
+    /// last RL steps.
+    pub train_reward_first: Option<f64>,
+    pub train_reward_last: Option<f64>,
+    pub model_dir: PathBuf,
+    pub chart: PathBuf,
+    pub metrics: PathBuf,
+}
+
+const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+pub fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
+    let summary = tokio::runtime::Runtime::new()?.block_on(train(args))?;
+    print_table(&summary);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(s: &LocalSummary) {
+    let (a, b) = (&s.after_warm_start, &s.after_rl);
+    println!();
+    println!("held-out                          after warm start   after RL");
+    println!("exact match (greedy)              {:>16.3} {:>10.3}", a.exact_match, b.exact_match);
+    println!("mean reward (greedy)              {:>16.3} {:>10.3}", a.mean_reward, b.mean_reward);
+    if let (Some(a), Some(b)) = (a.sampled_mean_reward, b.sampled_mean_reward) {
+        println!("{:<34}{a:>16.3} {b:>10.3}", format!("mean reward (sampled, T = {})", s.temperature));
+    }
+    println!(
+        "searches per trajectory (greedy)  {:>16.2} {:>10.2}",
+        a.searches_per_trajectory, b.searches_per_trajectory
+    );
+    println!("valid format (greedy)             {:>16.3} {:>10.3}", a.valid_format, b.valid_format);
+    if let (Some(first), Some(last)) = (s.train_reward_first, s.train_reward_last) {
+        println!("training reward (sampled, first -> last RL step): {first:.3} -> {last:.3}");
+    }
+    println!(
+        "seed {}, {:.0} s; model {}, chart {}, summary {}",
+        s.seed,
+        s.seconds,
+        s.model_dir.display(),
+        s.chart.display(),
+        s.model_dir.with_file_name("summary.json").display()
+    );
+}
+
+async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
+    let config = Config::from_args(&args)?;
+    let started = Instant::now();
+    std::fs::create_dir_all(&config.out).with_context(|| format!("creating {}", config.out.display()))?;
+    tch::manual_seed(config.seed as i64);
+    let world = build_world(&config)?;
+    let base = base_model(&config, &world.world)?;
+    let warm = warm_start(&config, &world, base)?;
+    let rl = reinforce(&config, &world, &warm.model_dir).await?;
+    summarise(&config, args, started, warm, rl)
+}
+
+impl Config {
+    /// The run's settings from the flags, checked.
+    fn from_args(args: &LocalArgs) -> anyhow::Result<Config> {
+        for (flag, share) in [
+            ("--corrupt-share", args.corrupt_share),
+            ("--year-guess-share", args.year_guess_share),
+            ("--first-hop-share", args.first_hop_share),
+        ] {
+            anyhow::ensure!((0.0..=1.0).contains(&share), "{flag} {share}: must be between 0 and 1");
+        }
+        let persons = args.persons;
+        Ok(Config {
+            out: args.out.clone(),
+            seed: args.seed,
+            world: WorldConfig {
+                persons,
+                cities: (persons / 20).max(10),
+                companies: (persons / 10).max(10),
+                two_hop_share: args.two_hop_share,
+                train_questions: args.rl_questions,
+                ..WorldConfig::default()
+            },
+            hidden: args.hidden,
+            layers: args.layers,
+            heads: args.heads,
+            init_std: args.init_std,
+            vocab: args.vocab,
+            warm_start: WarmStart {
+                steps: args.warm_steps,
+                drill_steps: args.copy_drills,
+                batch: args.warm_batch,
+                lr: args.warm_lr,
+                gold: GoldConfig {
+                    corrupt_share: args.corrupt_share,
+                    year_guess_share: args.year_guess_share,
+                    first_hop_share: args.first_hop_share,
+                    ..GoldConfig::default()
+                },
+            },
+            rl_steps: args.steps,
+            prompts: args.prompts,
+            n: args.n,
+            algorithm: args.algorithm,
+            rl_lr: args.lr,
+            temperature: args.temperature,
+            eval_questions: args.eval_questions,
+            eval_samples: args.eval_samples,
+        })
+    }
+}
+
+/// The world on disk: its corpus, BM25 index and datasets.
+struct WorldOnDisk {
+    world: World,
+    data: DatasetPaths,
+    index_dir: PathBuf,
+    index: Bm25Index,
+}
+
+/// Stage 1: the world, its corpus, index and datasets, under `world/`.
+fn build_world(config: &Config) -> anyhow::Result<WorldOnDisk> {
+    let world =
+        World::generate(&WorldConfig { seed: config.seed, ..config.world.clone() }).with_context(|| {
+            format!(
+                "the world of --persons {} and --rl-questions {}",
+                config.world.persons, config.world.train_questions
+            )
+        })?;
+    let world_dir = config.out.join("world");
+    std::fs::create_dir_all(&world_dir)?;
+    world.write_corpus(&world_dir.join("corpus.jsonl"))?;
+    let data = world.write_dataset(&world_dir)?;
+    let index_dir = world_dir.join("index");
+    if index_dir.exists() {
+        std::fs::remove_dir_all(&index_dir)?;
+    }
+    bm25::build(&world_dir.join("corpus.jsonl"), &index_dir, 64 << 20, |_, _, _| ())?;
+    let index = Bm25Index::open(&index_dir)?;
+    eprintln!(
+        "world: {} persons, {} passages; {} warm-start, {} RL and {} held-out questions",
+        world.persons.len(),
+        world.passages.len(),
+        world.warm_start.len(),
+        world.train.len(),
+        world.test.len()
+    );
+    Ok(WorldOnDisk { world, data, index_dir, index })
+}
+
+/// The model made from scratch.
+struct BaseModel {
+    dir: PathBuf,
+    config: ModelConfig,
+    model: CausalLm,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+}
+
+/// Stage 2: a BPE tokenizer trained on the world's text and a Qwen2 from random weights, saved
+/// as a Hugging Face folder (`base-model/`).
+fn base_model(config: &Config, world: &World) -> anyhow::Result<BaseModel> {
+    let dir = config.out.join("base-model");
+    let texts: Vec<String> = world
+        .passages
+        .iter()
+        .map(|p| format!("{}\n{}", p.title, p.text))
+        .chain(
+            world
+                .warm_start
+                .iter()
+                .chain(&world.train)
+                .filter_map(|q| q.to_prompt().ok()?.messages?.pop().map(|m| m.content)),
+        )
+        .chain(world.warm_start.iter().map(|q| q.answer.clone()))
+        .collect();
+    let tokenizer = Tokenizer::train_byte_level_bpe(
+        texts.iter().map(String::as_str),
+        config.vocab,
+        &SPECIAL_TOKENS,
+        "<|im_end|>",
+        "<|endoftext|>",
+    )?;
+    let sizes = QwenSizes {
+        vocab_size: tokenizer.vocab_size(),
+        hidden_size: config.hidden,
+        intermediate_size: config.hidden * 3,
+        num_hidden_layers: config.layers,
+        num_attention_heads: config.heads,
+        num_key_value_heads: (config.heads / 2).max(1),
+        max_position_embeddings: 2048,
+        tie_word_embeddings: true,
+        initializer_range: config.init_std,
+    };
+    let model_config = ModelConfig::qwen2(sizes)?;
+    let model = CausalLm::random(model_config.clone(), tch::Device::Cpu, config.seed)?;
+    save_pretrained(&dir, &model_config, &model.named_tensors(), None, tch::Kind::Float)?;
+    tokenizer.save(&dir, Some(CHATML))?;
+    let template = ChatTemplate::load(&dir)?.context("the saved model has a chat template")?;
+    Ok(BaseModel { dir, config: model_config, model, tokenizer, template })
+}
+
+/// The warm-started model and how its training ended.
+struct WarmStarted {
+    model_dir: PathBuf,
+    /// Mean loss per trained token over the last tenth of the updates.
+    loss: f64,
+    /// `warm-start.jsonl`: each update's loss.
+    losses: PathBuf,
+}
+
+/// Stage 3: copy drills, then the gold trajectories (`warm-start-model/`, `warm-start.jsonl`).
+fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::Result<WarmStarted> {
+    let BaseModel { dir: base_dir, config: model_config, model, tokenizer, template } = base;
+    let parameters: i64 = model.named_tensors().iter().map(|(_, t)| t.numel() as i64).sum();
+    let gold = GoldConfig { seed: config.seed, ..config.warm_start.gold };
+    let trajectories =
+        warm_start::gold_trajectories(&world.world, &gold, &world.index, &tokenizer, &template, 3)?;
+    let mean_len =
+        trajectories.iter().map(|t| t.len()).sum::<usize>() as f64 / trajectories.len().max(1) as f64;
+    eprintln!(
+        "model: Qwen2, {:.2}M parameters, vocabulary {}; warm start on {} gold trajectories ({mean_len:.0} tokens on average)",
+        parameters as f64 / 1e6,
+        tokenizer.vocab_size(),
+        trajectories.len()
+    );
+    let ws = &config.warm_start;
+    let drills = copy_drills(&world.world, &tokenizer, ws.drill_steps as usize * ws.batch, config.seed)?;
+    let progress = kart_train::progress::bar("warm start", ws.drill_steps + ws.steps, 0);
+    let warm_started = Instant::now();
+    let updates = warm_start::train(&model, &drills, &trajectories, ws, config.seed, &progress);
+    progress.finish_and_clear();
+    let loss = warm_start::end_loss(&updates);
+    let losses = config.out.join("warm-start.jsonl");
+    write_losses(&losses, &updates)?;
+    eprintln!(
+        "warm start: {} updates ({} on copy drills) in {:.0} s, loss {loss:.3} per trained token at the end",
+        ws.drill_steps + ws.steps,
+        ws.drill_steps,
+        warm_started.elapsed().as_secs_f64()
+    );
+    let model_dir = config.out.join("warm-start-model");
+    save_pretrained(&model_dir, &model_config, &model.named_tensors(), Some(&base_dir), tch::Kind::Float)?;
+    Ok(WarmStarted { model_dir, loss, losses })
+}
+
+/// Stage 4: RL from `warm` through `kart train`'s trainer with its in-process pool, in `rl/`
+/// (an earlier run's is replaced); writes `train-config.json`.
+async fn reinforce(config: &Config, world: &WorldOnDisk, warm: &Path) -> anyhow::Result<RunSummary> {
+    let rl_dir = config.out.join("rl");
+    if rl_dir.exists() {
+        std::fs::remove_dir_all(&rl_dir).with_context(|| format!("removing {}", rl_dir.display()))?;
+    }
+    let train_config = TrainConfig {
+        model: warm.to_path_buf(),
+        output_dir: rl_dir,
+        seed: config.seed,
+        total_steps: config.rl_steps,
+        data: DataConfig {
+            train: world.data.train.clone(),
+            test: Some(world.data.test.clone()),
+            ..DataConfig::default()
+        },
+        algorithm: AlgorithmConfig { advantage: config.algorithm, kl_loss: None, ..Default::default() },
+        optim: OptimConfig { lr: config.rl_lr, grad_clip: 1.0, ..OptimConfig::default() },
+        batch: BatchConfig {
+            prompts: config.prompts,
+            n: config.n,
+            mini_batch_prompts: config.prompts,
+            micro_batch_size: 16,
+        },
+        rollout: RolloutSource {
+            index: Some(world.index_dir.clone()),
+            max_batch: 128,
+            env: EnvConfig::SearchR1(SearchR1Config {
+                max_turns: 2,
+                topk: 3,
+                max_response_length: 64,
+                max_obs_length: 512,
+                max_trajectory_tokens: 2048,
+                ..SearchR1Config::default()
+            }),
+            sampling: Sampling { temperature: config.temperature, ..Sampling::default() },
+            ..RolloutSource::default()
+        },
+        checkpoint: CheckpointConfig { every: 0, keep: 1 },
+        eval: EvalConfig {
+            every: (config.rl_steps / 4).max(1),
+            max_prompts: config.eval_questions,
+            sampled_n: config.eval_samples,
+        },
+        device: Device::Cpu,
+        dump_rollouts: true,
+        ..TrainConfig::default()
+    };
+    std::fs::write(config.out.join("train-config.json"), serde_json::to_string_pretty(&train_config)?)?;
+    let registry = Registry::new();
+    let trainer = tokio::task::block_in_place(|| {
+        Trainer::build(
+            train_config,
+            false,
+            &registry,
+            StatusHandle::default(),
+            WeightStore::default(),
+            String::new(),
+        )
+    })?;
+    Ok(trainer.run().await?)
+}
+
+/// The run's outputs: the chart, the final model under `model/`, and `summary.json`.
+fn summarise(
+    config: &Config,
+    settings: LocalArgs,
+    started: Instant,
+    warm: WarmStarted,
+    rl: RunSummary,
+) -> anyhow::Result<LocalSummary> {
+    let RunSummary { first_eval, last_eval, model_dir, .. } = rl;
+    let (first, last) =
+        (first_eval.context("no evaluation before RL")?, last_eval.context("no evaluation after RL")?);
+    let metrics = config.out.join("rl").join("metrics.jsonl");
+    let chart = config.out.join("chart.png");
+    kart::plot::plot_metrics(&metrics, &chart)?;
+    let rewards: Vec<f64> = std::fs::read_to_string(&metrics)?
+        .lines()
+        .filter_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).ok()?.get(keys::REWARD_MEAN.name())?.as_f64()
+        })
+        .collect();
+    let final_model = config.out.join("model");
+    if final_model.exists() {
+        std::fs::remove_dir_all(&final_model)?;
+    }
+    std::fs::rename(&model_dir, &final_model)?;
+    let summary = LocalSummary {
+        seed: config.seed,
+        seconds: started.elapsed().as_secs_f64(),
+        settings,
+        temperature: config.temperature,
+        warm_start_loss: warm.loss,
+        warm_start_losses: warm.losses,
+        after_warm_start: Figures::from(&first),
+        after_rl: Figures::from(&last),
+        train_reward_first: rewards.first().copied(),
+        train_reward_last: rewards.last().copied(),
+        model_dir: final_model,
+        chart,
+        metrics,
+    };
+    std::fs::write(config.out.join("summary.json"), serde_json::to_string_pretty(&summary)? + "\n")?;
+    Ok(summary)
+}
+
+/// Writes one JSON line per warm-start update: its number (from 1), what it trained on
+/// (`copy-drill` or `gold`) and its loss per trained token.
+fn write_losses(path: &std::path::Path, updates: &[warm_start::Update]) -> anyhow::Result<()> {
+    let lines: String = (1..)
+        .zip(updates)
+        .map(|(n, u)| format!("{}\n", json!({"update": n, "pool": u.pool, "loss": u.loss})))
+        .collect();
+    std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))
+}

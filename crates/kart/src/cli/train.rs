@@ -1,0 +1,104 @@
+//! `kart train`: a training run from a config file, serving `/status`, `/metrics` and
+//! `/weights/{version}` while it runs, and writing the final status to `$KART_STATUS_FILE` when set
+//! (the operator points it at the pod's termination message).
+
+use anyhow::Context;
+use clap::Args;
+use kart_core::config::train::TrainConfig;
+use kart_http::Readiness;
+use kart_train::server::{Phase, StatusHandle, router};
+use kart_train::trainer::Trainer;
+use kart_train::weights::WeightStore;
+use prometheus::Registry;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The exit code of a run stopped by a termination signal: 128 + SIGTERM, as if the signal had
+/// ended the process.
+const STOPPED: u8 = 143;
+
+/// Train a policy with RL (GRPO, Dr. GRPO, RLOO or PPO) against a rollout pool.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// Configuration file (JSON, the `TrainConfig` the operator renders).
+    #[arg(long)]
+    config: PathBuf,
+    /// Continue from the newest checkpoint in the output folder, if there is one.
+    #[arg(long)]
+    resume: bool,
+    /// Port of `/status`, `/metrics` and `/weights` (overrides the file; 0 picks a free one).
+    #[arg(long)]
+    port: Option<u16>,
+}
+
+/// How long a failed run waits for a termination signal before it reports the failure.
+const SIGNAL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
+    let path = args.config.display().to_string();
+    let text = std::fs::read_to_string(&args.config).with_context(|| format!("--config {path}"))?;
+    let mut config: TrainConfig = serde_json::from_str(&text).with_context(|| format!("--config {path}"))?;
+    if let Some(port) = args.port {
+        config.port = port;
+    }
+    tokio::runtime::Runtime::new()?.block_on(async move {
+        let registry = Registry::new();
+        let (status, weights, ready) =
+            (StatusHandle::default(), WeightStore::default(), Readiness::default());
+        let addr = kart_http::bind_address(&config.host, config.port);
+        let listener =
+            tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("listen on {addr}"))?;
+        let port = listener.local_addr()?.port();
+        tracing::info!(port, "trainer listening");
+        let app = router(status.clone(), weights.clone(), registry.clone(), ready.clone());
+        tokio::spawn(async move { kart_http::serve(listener, app).await });
+        let host = std::env::var("POD_IP").unwrap_or_else(|_| "127.0.0.1".into());
+        let advertise = format!("http://{host}:{port}");
+        let trainer = tokio::task::block_in_place(|| {
+            Trainer::build(config, args.resume, &registry, status.clone(), weights, advertise)
+        })?;
+        ready.set(true);
+        // A pod being deleted, suspended or evicted gets SIGTERM: training stops at once (a step's
+        // update finishes first), and a resumed run continues from the newest checkpoint.
+        let shutdown = kart_http::shutdown_signal();
+        tokio::pin!(shutdown);
+        let result = tokio::select! {
+            result = trainer.run() => Some(result),
+            () = &mut shutdown => None,
+        };
+        // Deleting a pod also takes away what it talks to (its Service, its workers), so a step
+        // can fail just before the signal arrives: a failure the signal follows within a moment
+        // is a stop.
+        let result = match result {
+            Some(Err(error)) => match tokio::time::timeout(SIGNAL_GRACE, &mut shutdown).await {
+                Ok(()) => {
+                    tracing::warn!(%error, "the run failed as a termination signal arrived");
+                    None
+                }
+                Err(_) => Some(Err(error)),
+            },
+            other => other,
+        };
+        if result.is_none() {
+            status.update(|s| s.phase = Phase::Stopped);
+        }
+        // The operator reads the final status from this file (a pod's termination message).
+        super::status_file::write(&status.get())?;
+        let Some(result) = result else {
+            eprintln!("stopped by a termination signal after step {}", status.get().step);
+            return Ok(ExitCode::from(STOPPED));
+        };
+        let summary = result?;
+        let em = |r: &Option<kart_train::eval::Evaluation>| {
+            r.as_ref().map(|r| format!("{:.3}", r.greedy.all.exact_match))
+        };
+        println!(
+            "trained {} steps; held-out EM {} -> {}; model: {}",
+            summary.steps,
+            em(&summary.first_eval).unwrap_or_else(|| "n/a".into()),
+            em(&summary.last_eval).unwrap_or_else(|| "n/a".into()),
+            summary.model_dir.display()
+        );
+        Ok(ExitCode::SUCCESS)
+    })
+}

@@ -1,0 +1,19 @@
+//! `kart local`: training a search agent on a laptop CPU, on a synthetic world.
+//!
+//! - [`world`]: the deterministic synthetic search world (invented entities, their corpus and
+//!   questions split into train and held-out test), with its corpus and questions made in
+//!   `corpus` and `questions` from names made in `names`;
+//! - [`gold`]: gold trajectories in the Search-R1 format (some deliberately imperfect) for the
+//!   supervised warm start;
+//! - [`copy_drill`]: copy drills, the model's first lesson (copying what it has read);
+//! - [`warm_start`]: the gold trajectories tokenised as rollouts tokenise them, and the
+//!   supervised training on the drills, then on them.
+
+pub mod copy_drill;
+mod corpus;
+pub mod gold;
+mod names;
+mod questions;
+mod rng;
+pub mod warm_start;
+pub mod world;

@@ -1,0 +1,273 @@
+//! The supervised warm start of `kart local`: copy drills ([`super::copy_drill`]) first, then the
+//! gold trajectories of the warm-start questions, tokenised exactly as rollouts tokenise them (the
+//! prompt through the chat template, each model turn and each observation on its own), trained
+//! with cross-entropy on the model turns (but for the values imperfect turns make up) and on the
+//! observation tokens a model could copy from earlier in the trajectory (never on the prompt).
+
+use super::gold::{GoldConfig, Segment};
+use super::world::World;
+use indicatif::ProgressBar;
+use kart_core::agent::search_r1::PromptError;
+use kart_core::agent::search_r1::passages_to_string;
+use kart_core::agent::trajectory::Trajectory;
+use kart_core::config::train::{OptimConfig, Schedule};
+use kart_model::CausalLm;
+use kart_retriever::LocalIndex;
+use kart_tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
+use kart_train::batch::{MicroBatch, Sample};
+use kart_train::optim::{AdamW, learning_rate};
+use serde::Serialize;
+use std::collections::HashSet;
+use tch::Kind;
+
+/// Settings of the warm start.
+#[derive(Debug, Clone)]
+pub struct WarmStart {
+    /// Optimiser updates on the gold trajectories.
+    pub steps: u64,
+    /// Optimiser updates on copy drills before them ([`super::copy_drill`]), one schedule over
+    /// both.
+    pub drill_steps: u64,
+    /// Trajectories per update.
+    pub batch: usize,
+    /// Peak learning rate (cosine schedule after 5% warm-up).
+    pub lr: f64,
+    /// Gold trajectories and their imperfect share.
+    pub gold: GoldConfig,
+}
+
+/// Why a gold trajectory could not be tokenised.
+#[derive(Debug, thiserror::Error)]
+pub enum GoldError {
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("question {id}: {source}")]
+    Prompt { id: String, source: PromptError },
+    #[error("gold turn {turn:?}: {reason}")]
+    Turn { turn: String, reason: String },
+}
+
+/// The gold trajectories of the world's warm-start questions, token-exact.
+pub fn gold_trajectories(
+    world: &World,
+    gold: &GoldConfig,
+    index: &dyn LocalIndex,
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    topk: usize,
+) -> Result<Vec<Trajectory>, GoldError> {
+    let mut out = Vec::with_capacity(world.warm_start.len());
+    for q in &world.warm_start {
+        let prompt = q.to_prompt().map_err(|source| GoldError::Prompt { id: q.id.clone(), source })?;
+        let text = template.render(&prompt.messages.unwrap_or_default(), true, serde_json::Value::Null)?;
+        let mut t = Trajectory::new(q.id.clone(), q.id.clone(), &tokenizer.encode(&text, false)?);
+        let search = |query: &str| {
+            let hits =
+                index.search_batch(&[query.to_string()], topk).map(|mut r| r.pop().unwrap_or_default());
+            passages_to_string(&hits.unwrap_or_default())
+        };
+        for segment in world.gold_trajectory(q, gold, search) {
+            match segment {
+                Segment::Model { turn, guess } => push_turn(&mut t, &turn, guess.as_deref(), tokenizer)?,
+                Segment::Env(text) => t.push_env(&tokenizer.encode(&text, false)?),
+            }
+        }
+        out.push(t);
+    }
+    Ok(out)
+}
+
+/// Appends a model turn to `t`. A made-up `guess` is appended as if the environment had written
+/// it, so that the warm start trains it only where it repeats an earlier token; the turn's tokens
+/// stay exactly those of the whole turn encoded at once.
+fn push_turn(
+    t: &mut Trajectory,
+    turn: &str,
+    guess: Option<&str>,
+    tokenizer: &Tokenizer,
+) -> Result<(), GoldError> {
+    let gold_error = |reason: String| GoldError::Turn { turn: turn.to_owned(), reason };
+    let push = |t: &mut Trajectory, ids: &[u32]| {
+        t.push_model(ids, &vec![0.0; ids.len()], 0).map_err(|e| gold_error(e.to_string()))
+    };
+    let Some(g) = guess else { return push(t, &tokenizer.encode(turn, false)?) };
+    let at = turn
+        .find(&format!(" {g}"))
+        .ok_or_else(|| gold_error(format!("the guess {g:?} is not in the turn {turn:?}")))?;
+    let end = at + g.len() + 1;
+    let before = tokenizer.encode(&turn[..at], false)?;
+    let guessed = tokenizer.encode(&turn[at..end], false)?;
+    let after = tokenizer.encode(&turn[end..], false)?;
+    if [&before[..], &guessed, &after].concat() != tokenizer.encode(turn, false)? {
+        return Err(gold_error(format!("the turn {turn:?} does not tokenise apart at the guess {g:?}")));
+    }
+    push(t, &before)?;
+    t.push_env(&guessed);
+    push(t, &after)
+}
+
+/// A warm-start sample of `trajectory`: its model turns, and the observation tokens that already
+/// appeared earlier in the trajectory. A model made from scratch has never read text, and the
+/// search results (the query's words in a title, a title's name again in its passage, a name
+/// from one passage in another) are where it first learns to copy. An observation token seen for
+/// the first time (a birth year, a city, a name) can only be guessed, and training those guesses
+/// teaches a prior over each kind of value instead: the tokens of years and cities become alike
+/// and the model cannot copy them even from its own reasoning into its answer.
+fn copy_sample(trajectory: &Trajectory) -> Sample {
+    let mut sample = Sample::new(trajectory, 0, true);
+    let mut seen: HashSet<i64> = sample.token_ids[..sample.prompt_len].iter().copied().collect();
+    for (t, id) in sample.token_ids.iter().enumerate().skip(sample.prompt_len) {
+        if !seen.insert(*id) {
+            sample.loss_mask[t] = 1.0;
+        }
+    }
+    sample
+}
+
+/// Trains `model` on `drills` (each once, `config.drill_steps` updates) then on `trajectories`
+/// (cycled in a seeded order, `config.steps` updates); returns each update.
+pub fn train(
+    model: &CausalLm,
+    drills: &[Trajectory],
+    trajectories: &[Trajectory],
+    config: &WarmStart,
+    seed: u64,
+    bar: &ProgressBar,
+) -> Vec<Update> {
+    let drills: Vec<Sample> = drills.iter().map(copy_sample).collect();
+    let samples: Vec<Sample> = trajectories.iter().map(copy_sample).collect();
+    let optim = OptimConfig {
+        lr: config.lr,
+        warmup_ratio: 0.05,
+        schedule: Schedule::Cosine,
+        min_lr_ratio: 0.1,
+        weight_decay: 0.01,
+        ..OptimConfig::default()
+    };
+    let mut optimizer = AdamW::new(model.named_tensors(), optim.clone());
+    let order = kart_train::data::permutation(seed, 0, samples.len());
+    let drill_steps = if drills.is_empty() { 0 } else { config.drill_steps };
+    let total = drill_steps + if samples.is_empty() { 0 } else { config.steps };
+    let mut updates = Vec::with_capacity(total as usize);
+    for step in 0..total {
+        let (pool, rows) = update_rows(step, drill_steps, config.batch, drills.len(), &order);
+        let pooled = match pool {
+            Pool::Drills => &drills,
+            Pool::Gold => &samples,
+        };
+        let mb = MicroBatch::new(pooled, &rows, model.device());
+        optimizer.zero_grad();
+        let (logprobs, _) = kart_train::update::logprobs(model, &mb, 1.0, false);
+        let loss = -(logprobs * &mb.mask).sum(Kind::Float) / mb.mask.sum(Kind::Float).clamp_min(1.0);
+        loss.backward();
+        optimizer.step(learning_rate(&optim, step, total));
+        let value = loss.double_value(&[]);
+        updates.push(Update { pool, loss: value });
+        bar.set_position(step + 1);
+        bar.set_message(format!("loss {value:.3}"));
+    }
+    updates
+}
+
+/// One warm-start update: what it trained on, and its loss per trained token.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Update {
+    pub pool: Pool,
+    pub loss: f64,
+}
+
+/// The mean loss of the last tenth of `updates` (at least one), the warm start's loss at its end;
+/// NaN when there were no updates.
+pub fn end_loss(updates: &[Update]) -> f64 {
+    let tail = &updates[updates.len() - updates.len().div_ceil(10)..];
+    if tail.is_empty() { f64::NAN } else { tail.iter().map(|u| u.loss).sum::<f64>() / tail.len() as f64 }
+}
+
+/// The samples a warm-start update draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Pool {
+    /// Copy drills ([`super::copy_drill`]).
+    #[serde(rename = "copy-drill")]
+    Drills,
+    /// Gold trajectories.
+    #[serde(rename = "gold")]
+    Gold,
+}
+
+/// The pool and rows of warm-start update `step`: the first `drill_steps` updates take the
+/// `drills` in order (each once when there are `drill_steps * batch` of them), the rest cycle
+/// through the gold trajectories in the seeded `order`.
+fn update_rows(
+    step: u64,
+    drill_steps: u64,
+    batch: usize,
+    drills: usize,
+    order: &[usize],
+) -> (Pool, Vec<usize>) {
+    if step < drill_steps {
+        let start = step as usize * batch;
+        (Pool::Drills, (0..batch).map(|i| (start + i) % drills).collect())
+    } else {
+        let start = (step - drill_steps) as usize * batch;
+        (Pool::Gold, (0..batch).map(|i| order[(start + i) % order.len()]).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drills_come_first_each_once_then_the_gold_trajectories_cycle_in_their_order() {
+        let order = [4, 0, 3, 1, 2];
+        let rows = |step| update_rows(step, 3, 2, 6, &order);
+        assert_eq!(rows(0), (Pool::Drills, vec![0, 1]));
+        assert_eq!(rows(2), (Pool::Drills, vec![4, 5]));
+        assert_eq!(rows(3), (Pool::Gold, vec![4, 0]));
+        assert_eq!(rows(5), (Pool::Gold, vec![2, 4]));
+        assert_eq!(rows(6), (Pool::Gold, vec![0, 3]));
+        assert_eq!(update_rows(0, 0, 2, 0, &order), (Pool::Gold, vec![4, 0]));
+    }
+
+    #[test]
+    fn the_end_loss_is_the_mean_of_the_last_tenth() {
+        let losses: Vec<Update> = (1..=20).map(|l| Update { pool: Pool::Gold, loss: f64::from(l) }).collect();
+        assert_eq!(end_loss(&losses), 19.5);
+        assert_eq!(end_loss(&losses[..3]), 3.0);
+        assert!(end_loss(&[]).is_nan());
+    }
+
+    #[test]
+    fn observations_are_trained_only_where_they_repeat_an_earlier_token() {
+        let mut t = Trajectory::new("q", "q", &[1, 2, 3]);
+        t.push_model(&[4, 5], &[0.0, 0.0], 0).unwrap();
+        // 2 is in the prompt, 5 in the model turn, 6 repeats within the observation; 7 and the
+        // first 6 are new.
+        t.push_env(&[2, 6, 7, 6, 5]);
+        t.push_model(&[7, 8], &[0.0, 0.0], 0).unwrap();
+        let sample = copy_sample(&t);
+        assert_eq!(sample.loss_mask, [0., 0., 0., 1., 1., 1., 0., 0., 1., 1., 1., 1.]);
+    }
+
+    #[test]
+    fn a_made_up_value_is_not_trained_where_the_turn_first_writes_it() {
+        let text = "<think> I believe the answer is Vell Harrow. </think>\n<answer> Vell Harrow </answer>";
+        let texts = std::iter::repeat_n("I believe the answer is Dorn Vale. Harrow", 50).chain([text]);
+        let special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+        let tokenizer =
+            Tokenizer::train_byte_level_bpe(texts, 300, &special, "<|im_end|>", "<|endoftext|>").unwrap();
+        let mut t = Trajectory::new("q", "q", &tokenizer.encode("Who?", false).unwrap());
+        push_turn(&mut t, text, Some("Vell Harrow"), &tokenizer).unwrap();
+        assert_eq!(t.response_ids(), tokenizer.encode(text, false).unwrap());
+        let guess = tokenizer.encode(" Vell Harrow", false).unwrap();
+        let before = tokenizer.encode("<think> I believe the answer is", false).unwrap().len();
+        let sample = copy_sample(&t);
+        let trained: Vec<f32> = sample.loss_mask[sample.prompt_len..].to_vec();
+        // The turn is trained but for the made-up name; where the answer repeats it, it is trained.
+        assert!(trained[..before].iter().all(|&m| m == 1.0));
+        assert!(trained[before..before + guess.len()].iter().all(|&m| m == 0.0));
+        assert!(trained[before + guess.len()..].iter().all(|&m| m == 1.0));
+        let missing = push_turn(&mut t, text, Some("Dorn Vale"), &tokenizer).unwrap_err();
+        assert!(missing.to_string().contains("Dorn Vale"), "{missing}");
+    }
+}
