@@ -3,7 +3,9 @@
 # - a project-local Python virtualenv (.venv) with PyTorch (libtorch for the tch crate) and the
 #   Python packages the tests compare against (scripts/requirements.txt);
 # - checks the Rust toolchain (cargo, rustfmt, clippy);
-# - promtool and the Prometheus server (Debian package `prometheus`) for the chart tests.
+# - promtool and the Prometheus server (Debian package `prometheus`) for the chart tests;
+# - gloo's headers (Debian package `libgloo-dev`), which c10d's Gloo header includes and torch's
+#   wheel leaves out, for kart-torch's c10d shim (only the headers: gloo's code is libtorch's own).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KART_VENV:-$root/.venv}"
@@ -30,12 +32,21 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   echo "$wanted" > "$stamp"
 fi
 
+sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+apt_updated=""
+apt_install() {
+  command -v apt-get >/dev/null || { echo "setup: install $1 ($2)" >&2; exit 1; }
+  echo "setup: installing the Debian package $1 ($2)"
+  [ -n "$apt_updated" ] || { $sudo apt-get update -qq; apt_updated=1; }
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$1" >/dev/null
+}
+
+if [ -z "${KART_GLOO_INCLUDE:-}" ] && [ ! -f /usr/include/gloo/rendezvous/store.h ]; then
+  apt_install libgloo-dev "gloo's headers, for the c10d shim; or set KART_GLOO_INCLUDE"
+fi
+
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
-  command -v apt-get >/dev/null || { echo "setup: install Prometheus 2.x (promtool and prometheus on PATH)" >&2; exit 1; }
-  echo "setup: installing the Debian package prometheus (promtool and the server, for the chart tests)"
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  apt_install prometheus "promtool and the server, for the chart tests"
   # The tests start their own server; the package's service is not wanted.
   if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
     $sudo systemctl disable --now prometheus

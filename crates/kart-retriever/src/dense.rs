@@ -76,7 +76,7 @@ pub fn build(
     // The manifest names the encoder by an absolute path, so the index opens from anywhere.
     let encoder_dir = std::fs::canonicalize(encoder_dir)
         .map_err(|source| RetrieverError::Io { path: encoder_dir.to_path_buf(), source })?;
-    let encoder = Encoder::load(&encoder_dir, config, Device::cuda_if_available())?;
+    let encoder = Encoder::load(&encoder_dir, config, kart_torch::auto("dense index build"))?;
     let mut reader = CorpusReader::open(corpus)?;
     let total = reader.total_bytes();
     let mut store = DocStoreWriter::create(out, false, DOC_STORE_BUDGET)?;

@@ -49,7 +49,7 @@ pub trait LocalIndex: Send + Sync {
 pub fn open_local(dir: &Path, method: Method) -> Result<Arc<dyn LocalIndex>, RetrieverError> {
     Ok(match method {
         Method::Bm25 => Arc::new(bm25::Bm25Index::open(dir)?),
-        Method::Dense => Arc::new(dense::DenseIndex::open(dir, tch::Device::cuda_if_available())?),
+        Method::Dense => Arc::new(dense::DenseIndex::open(dir, kart_torch::auto("dense retriever"))?),
         Method::Serper => {
             let reason = "serper searches online; a local index is bm25 or dense".into();
             return Err(RetrieverError::BadRequest { field: "method", reason });

@@ -165,7 +165,8 @@ async fn fetch_and_load(engine: &dyn LoadWeights, source: &WeightSource) -> Resu
     let (file, downloaded) = match (&source.url, &source.path) {
         (Some(url), _) => (download(url).await?, true),
         (None, Some(path)) if path.is_dir() => (path.join("model.safetensors"), false),
-        (None, path) => (path.clone().unwrap_or_default(), false),
+        (None, Some(path)) => (path.clone(), false),
+        (None, None) => unreachable!("a valid source has a url or a path"),
     };
     let result = engine.load_weights(file.clone(), source.version).await;
     if downloaded {

@@ -4,9 +4,16 @@
 
 use std::path::{Path, PathBuf};
 
-/// The repository root (the workspace folder).
+/// The repository root (the workspace folder): the nearest folder holding `Cargo.lock` above the
+/// package under test. Cargo sets `CARGO_MANIFEST_DIR` when it runs a test, so a target folder
+/// shared between clones does not send one clone's tests to another's files.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let package = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    package
+        .ancestors()
+        .find(|dir| dir.join("Cargo.lock").exists())
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."), Path::to_path_buf)
 }
 
 /// `../shared` beside the repository: conformance vectors, fixtures and seeds.

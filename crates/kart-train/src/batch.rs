@@ -7,7 +7,8 @@
 //! of a dataset's prompts, the prompt of a GRPO group) run through the decoder once, not once per
 //! row.
 
-use kart_core::agent::trajectory::Trajectory;
+use kart_core::agent::trajectory::{Status, Trajectory};
+use kart_core::wire::Group;
 use kart_model::CausalLm;
 use tch::{Device, Kind, Tensor};
 
@@ -66,6 +67,17 @@ impl Sample {
         }
     }
 
+    /// The samples of a step's groups: every trajectory that was not aborted, in order.
+    pub fn of_groups(groups: &[Group], mask_observations: bool) -> Vec<Sample> {
+        let mut samples = Vec::new();
+        for (gi, g) in groups.iter().enumerate() {
+            for t in g.trajectories.iter().filter(|t| t.status != Status::Aborted) {
+                samples.push(Sample::new(t, gi, mask_observations));
+            }
+        }
+        samples
+    }
+
     /// Tokens in the sample.
     pub fn len(&self) -> usize {
         self.token_ids.len()
@@ -100,7 +112,7 @@ pub enum Field {
 }
 
 impl Field {
-    fn of(self, s: &Sample) -> &[f32] {
+    pub(crate) fn of(self, s: &Sample) -> &[f32] {
         match self {
             Field::LossMask => &s.loss_mask,
             Field::RolloutLogprobs => &s.rollout_logprobs,
@@ -112,7 +124,7 @@ impl Field {
         }
     }
 
-    fn of_mut(self, s: &mut Sample) -> &mut Vec<f32> {
+    pub(crate) fn of_mut(self, s: &mut Sample) -> &mut Vec<f32> {
         match self {
             Field::LossMask => &mut s.loss_mask,
             Field::RolloutLogprobs => &mut s.rollout_logprobs,

@@ -1,8 +1,9 @@
 //! `rollouts.jsonl`: every step's trajectories, decoded, with the prompt, model and environment
 //! spans told apart, plus reward, status and statistics (what ASearcher and slime users read to
-//! see what their agent does).
+//! see what their agent does), and the whole trajectory for `rollout.replay`.
 
 use kart_core::agent::trajectory::Trajectory;
+use kart_core::wire::Group;
 use kart_model::ModelError;
 use kart_tokenizer::Tokenizer;
 use serde_json::{Value, json};
@@ -38,11 +39,11 @@ impl RolloutDump {
         RolloutDump { path: path.to_path_buf(), tokenizer }
     }
 
-    /// Writes the trajectories of `step`.
-    pub fn write(&self, step: u64, trajectories: &[&Trajectory]) -> std::io::Result<()> {
+    /// Writes the groups of `step`.
+    pub fn write(&self, step: u64, groups: &[Group]) -> std::io::Result<()> {
         let mut file =
             std::io::BufWriter::new(std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?);
-        for t in trajectories {
+        for (g, t) in groups.iter().flat_map(|g| g.trajectories.iter().map(move |t| (g, t))) {
             let segments =
                 segments(t, &self.tokenizer).unwrap_or_else(|e| vec![json!({"error": e.to_string()})]);
             let line = json!({
@@ -52,7 +53,9 @@ impl RolloutDump {
                 "reward": t.reward,
                 "status": t.status,
                 "stats": t.stats,
+                "data_source": g.data_source,
                 "segments": segments,
+                "trajectory": t,
             });
             writeln!(file, "{line}")?;
         }

@@ -6,26 +6,31 @@
 //! - [`losses`]: the RL losses on tensors (the twins of [`kart_core::rl`]);
 //! - [`optim`]: AdamW, gradient clipping and the learning-rate schedule;
 //! - [`critic`]: the value model of PPO;
-//! - [`update`]: one optimisation step;
-//! - [`pool`]: where trajectories come from (in process or rollout workers);
+//! - [`update`]: one optimisation step, and [`data_parallel`]: its share on each rank of a
+//!   data-parallel run;
+//! - [`pool`]: where trajectories come from (in process or rollout workers), or [`replay`]: a
+//!   recording of them;
 //! - [`weights`]: how new weights reach the engines;
 //! - [`checkpoint`], [`eval`], [`record`], [`metrics`], [`dump`], [`server`]: the run's outputs,
 //!   and
 //!   [`progress`]: progress bars on a terminal;
-//! - [`trainer`]: the loop.
+//! - [`trainer`]: the loop, on rank 0; [`follower`]: the other ranks'.
 
 pub mod batch;
 pub mod checkpoint;
 pub mod critic;
 pub mod data;
+pub mod data_parallel;
 pub mod dump;
 pub mod eval;
+pub mod follower;
 pub mod losses;
 pub mod metrics;
 pub mod optim;
 pub mod pool;
 pub mod progress;
 pub mod record;
+pub mod replay;
 pub mod server;
 pub mod trainer;
 pub mod update;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 #[derive(Clone)]
 pub struct TrainerMetrics {
     pub step: Gauge,
+    pub world_size: Gauge,
     pub reward: Gauge,
     pub eval_exact_match: GaugeVec,
     pub eval_f1: GaugeVec,
@@ -103,6 +104,11 @@ impl TrainerMetrics {
                 seconds.clone(),
             ),
             policy_version: metrics::float_gauge(r, "kart_trainer_policy_version", "Newest policy version"),
+            world_size: metrics::float_gauge(
+                r,
+                "kart_trainer_world_size",
+                "Trainer processes (data-parallel ranks) of the run",
+            ),
             staleness: metrics::histogram(
                 r,
                 "kart_trainer_staleness",

@@ -44,6 +44,11 @@ impl AdamW {
         AdamW { slots, config, steps: 0 }
     }
 
+    /// The parameters it updates, in order.
+    pub fn parameters(&self) -> Vec<Tensor> {
+        self.slots.iter().map(|s| s.param.shallow_clone()).collect()
+    }
+
     /// Updates taken so far.
     pub fn steps(&self) -> i64 {
         self.steps

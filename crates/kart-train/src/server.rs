@@ -38,6 +38,9 @@ pub struct Status {
     pub step: u64,
     pub total_steps: u64,
     pub policy_version: i64,
+    /// Trainer processes (ranks) of the run.
+    #[serde(default)]
+    pub world_size: usize,
     /// Mean reward of the last step.
     pub reward: Option<f64>,
     /// Exact match of the last evaluation.

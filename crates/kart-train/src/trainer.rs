@@ -4,18 +4,21 @@
 use super::batch::Sample;
 use super::checkpoint::{self, CheckpointError, Loaded, Parts, TrainerState};
 use super::data::{DataError, Dataset, Sampler};
+use super::data_parallel::DataParallel;
 use super::dump::RolloutDump;
 use super::eval::{self, Evaluation, Report, Scored};
+use super::follower::Order;
 use super::metrics::{MetricsLog, TrainerMetrics};
 use super::pool::{InProcessPool, RemotePool, RolloutPool};
 use super::record::{Key, StepRecord, keys};
+use super::replay::{Replay, ReplayError};
 use super::server::{Phase, StatusHandle};
 use super::update::{Learner, LearnerError};
 use super::weights::{Publisher, PullFrom, SyncError, WeightStore};
 use futures::StreamExt;
 use kart_core::agent::trajectory::{Status, Trajectory};
 use kart_core::config::ConfigError;
-use kart_core::config::train::{Device, TrainConfig, WeightSync};
+use kart_core::config::train::{TrainConfig, WeightSync};
 use kart_core::generation::SamplingParams;
 use kart_core::wire::{Group, RolloutRequest, Task};
 use kart_model::{CausalLm, EmbeddedEngine, ModelError, save_pretrained};
@@ -24,6 +27,7 @@ use kart_retriever::{InProcess, RetrieverError};
 use kart_rollout::env::{Context, ContextError};
 use kart_rollout::metrics::RolloutMetrics;
 use kart_tokenizer::{Tokenizer, TokenizerError};
+use kart_torch::{DeviceError, DistError, ProcessGroup, Ranks};
 use prometheus::Registry;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -61,6 +65,16 @@ pub enum TrainError {
         "output_dir {dir}: holds an earlier run ({what}); pass --resume to continue it, or choose an empty output_dir"
     )]
     EarlierRun { dir: PathBuf, what: String },
+    #[error("config: {0}")]
+    Device(#[from] DeviceError),
+    #[error("data parallel: {0}")]
+    Dist(#[from] DistError),
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
+    #[error("data parallel: rank 0's order does not parse: {0}")]
+    Order(serde_json::Error),
+    #[error("data parallel: rank 0 stopped: {reason}")]
+    LeaderStopped { reason: String },
 }
 
 /// What a finished run reports.
@@ -94,6 +108,8 @@ struct Collector {
     prompts: Arc<Vec<Task>>,
     sampler: Arc<Mutex<Sampler>>,
     config: Arc<TrainConfig>,
+    /// `rollout.replay`: recorded groups instead of the pool's.
+    replay: Option<Arc<Replay>>,
 }
 
 /// Rounds of over-sampling to refill a batch whose groups were filtered out.
@@ -103,6 +119,11 @@ impl Collector {
     async fn collect(self, step: u64, version: i64) -> Result<Batch, TrainError> {
         let c = &self.config;
         let started = Instant::now();
+        if let Some(replay) = &self.replay {
+            let groups = replay.groups(step + 1)?;
+            let cursor = *self.sampler.lock().expect("sampler lock");
+            return Ok(Batch { groups, failed: 0, filtered: 0, cursor, rollout_secs: 0.0 });
+        }
         let needed = c.batch.prompts;
         let (mut groups, mut failed, mut filtered, mut last_error) = (Vec::new(), 0, 0, String::new());
         let mut cursor = *self.sampler.lock().expect("sampler lock");
@@ -219,11 +240,13 @@ pub struct Trainer {
 
 impl Trainer {
     /// Loads data, models and optimiser state (from the newest checkpoint when `resume`; without
-    /// it, an output folder holding an earlier run is refused), and connects the pool.
-    /// `advertise_url` is where workers reach this trainer's `/weights`.
+    /// it, an output folder holding an earlier run is refused), joins the other `ranks` of a
+    /// data-parallel run, and connects the pool. `advertise_url` is where workers reach this
+    /// trainer's `/weights`.
     pub fn build(
         config: TrainConfig,
         resume: bool,
+        ranks: &Ranks,
         registry: &Registry,
         status: StatusHandle,
         weights: WeightStore,
@@ -241,8 +264,9 @@ impl Trainer {
             None
         };
         let (step, version, sampler) = position(&config, loaded.as_ref())?;
-        let device = device(config.device);
-        let learner = Learner::load(&config, loaded.as_ref(), device)?;
+        let replay = config.rollout.replay.as_deref().map(Replay::open).transpose()?.map(Arc::new);
+        let learner = learner(&config, loaded.as_ref(), ranks)?;
+        let device = learner.device();
         let tokenizer = Tokenizer::load(&config.model)?;
         let policy_dir = loaded.as_ref().map_or_else(|| config.model.clone(), Loaded::policy_dir);
         let endpoints = Endpoints { registry, weights, advertise_url };
@@ -250,7 +274,10 @@ impl Trainer {
         let resumed = loaded.as_ref().map(|l| l.state.step);
         let (log, dump) = open_outputs(&config, &tokenizer, resumed)?;
         let config = Arc::new(config);
+        let metrics = TrainerMetrics::new(registry);
+        metrics.world_size.set(ranks.world_size as f64);
         status.update(|s| {
+            s.world_size = ranks.world_size;
             s.total_steps = config.total_steps;
             s.step = step;
             s.policy_version = version;
@@ -264,13 +291,14 @@ impl Trainer {
                 prompts: Arc::new(train),
                 sampler: Arc::new(Mutex::new(sampler)),
                 config: config.clone(),
+                replay,
             },
             publisher,
             test,
             step,
             version,
             cursor: sampler,
-            metrics: TrainerMetrics::new(registry),
+            metrics,
             log,
             dump,
             status,
@@ -280,9 +308,16 @@ impl Trainer {
         })
     }
 
-    /// Runs to `total_steps`; returns the summary. The status phase ends `finished` or `failed`.
+    /// Runs to `total_steps`; returns the summary. The status phase ends `finished` or `failed`;
+    /// the other ranks are told the run is over, or that it failed.
     pub async fn run(mut self) -> Result<RunSummary, TrainError> {
         let result = self.run_inner().await;
+        let last = match &result {
+            Ok(_) => Order::Done,
+            Err(e) => Order::Stop { reason: e.to_string() },
+        };
+        let told = tokio::task::block_in_place(|| self.order(&last));
+        let result = result.and_then(|summary| told.map(|()| summary));
         if let Err(e) = &result {
             self.status.update(|s| {
                 s.phase = Phase::Failed;
@@ -290,6 +325,14 @@ impl Trainer {
             });
         }
         result
+    }
+
+    /// Broadcasts `order` to the other ranks (nothing without them).
+    fn order(&self, order: &Order) -> Result<(), TrainError> {
+        let Some(parallel) = &self.learner.parallel else { return Ok(()) };
+        let bytes = serde_json::to_vec(order).expect("orders serialise");
+        parallel.group().broadcast_bytes(&bytes, 0)?;
+        Ok(())
     }
 
     async fn run_inner(&mut self) -> Result<RunSummary, TrainError> {
@@ -369,14 +412,7 @@ impl Trainer {
         let started = Instant::now();
         let c = self.config.clone();
         let trajectories: Vec<&Trajectory> = batch.groups.iter().flat_map(|g| &g.trajectories).collect();
-        let mut samples = Vec::new();
-        for (gi, g) in batch.groups.iter().enumerate() {
-            for t in &g.trajectories {
-                if t.status != Status::Aborted {
-                    samples.push(Sample::new(t, gi, c.algorithm.mask_observations));
-                }
-            }
-        }
+        let mut samples = Sample::of_groups(&batch.groups, c.algorithm.mask_observations);
         let mut record = batch_record(&trajectories, self.version, &self.metrics);
         record.set(keys::STEP, (self.step + 1) as f64);
         record.set(keys::GROUPS_FAILED, batch.failed as f64);
@@ -384,12 +420,16 @@ impl Trainer {
         let tokens: usize = samples.iter().map(Sample::len).sum();
         let update_started = Instant::now();
         let step = self.step;
-        let learner = &mut self.learner;
-        let update = tokio::task::block_in_place(|| learner.step(&mut samples, &c, step));
+        let update = tokio::task::block_in_place(|| {
+            if self.learner.parallel.is_some() {
+                self.order(&Order::Step { step, groups: batch.groups.clone() })?;
+            }
+            Ok::<_, TrainError>(self.learner.step(&mut samples, &c, step)?)
+        })?;
         record.extend(update);
         let update_secs = update_started.elapsed().as_secs_f64();
         if let Some(dump) = &self.dump {
-            dump.write(self.step + 1, &trajectories)
+            dump.write(self.step + 1, &batch.groups)
                 .map_err(|source| TrainError::Io { path: c.output_dir.join("rollouts.jsonl"), source })?;
         }
         self.step += 1;
@@ -632,13 +672,21 @@ fn write_eval(r: &mut StepRecord, evaluation: &Evaluation) {
     }
 }
 
-/// The device `device` names.
-fn device(device: Device) -> tch::Device {
-    match device {
-        Device::Cpu => tch::Device::Cpu,
-        Device::Cuda => tch::Device::Cuda(0),
-        Device::Auto => tch::Device::cuda_if_available(),
+/// The learner of this rank, on its device (`device` at its local rank), joined to the other
+/// ranks of a data-parallel run.
+pub(crate) fn learner(
+    config: &TrainConfig,
+    loaded: Option<&Loaded>,
+    ranks: &Ranks,
+) -> Result<Learner, TrainError> {
+    let device = kart_torch::choose("trainer", "device", config.device, ranks.local_rank)?;
+    let mut learner = Learner::load(config, loaded, device)?;
+    if ranks.world_size > 1 {
+        let timeout = Duration::from_secs_f64(config.distributed.timeout_secs);
+        let group = ProcessGroup::join(ranks, device, timeout)?;
+        learner.distribute(DataParallel::new(group, config.distributed.bucket_mb))?;
     }
+    Ok(learner)
 }
 
 /// Where a run starts: step, policy version and data cursor, from `checkpoint` when resuming.

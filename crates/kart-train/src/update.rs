@@ -5,6 +5,7 @@
 use super::batch::{Field, MicroBatch, Sample, micro_batches};
 use super::checkpoint::Loaded;
 use super::critic::Critic;
+use super::data_parallel::DataParallel;
 use super::losses::{self, Normalizer};
 use super::optim::{AdamW, StateError, learning_rate};
 use super::record::{StepRecord, keys};
@@ -13,6 +14,7 @@ use kart_core::rl::advantage::{grpo_advantages, rloo_advantages};
 use kart_core::rl::loss::{Matrix, PolicyClip};
 use kart_model::logprobs::{DEFAULT_CHUNK, masked_token_logprobs};
 use kart_model::{CausalLm, ModelError};
+use kart_torch::DistError;
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
@@ -39,6 +41,8 @@ pub struct Learner {
     pub reference: Option<CausalLm>,
     /// The critic and its optimiser (PPO).
     pub critic: Option<(Critic, AdamW)>,
+    /// This rank's part in a data-parallel run (none: one process does all the work).
+    pub parallel: Option<DataParallel>,
 }
 
 /// Per-token log-probabilities (and entropies) of a micro-batch's trained targets under `model`
@@ -121,7 +125,7 @@ impl Learner {
             }
             _ => None,
         };
-        Ok(Learner { policy, optimizer, reference, critic })
+        Ok(Learner { policy, optimizer, reference, critic, parallel: None })
     }
 
     /// The device the policy lives on.
@@ -129,14 +133,45 @@ impl Learner {
         self.policy.device()
     }
 
+    /// Joins a data-parallel run: every rank starts from rank 0's parameters.
+    pub fn distribute(&mut self, parallel: DataParallel) -> Result<(), DistError> {
+        parallel.broadcast_parameters(&self.optimizer.parameters())?;
+        if let Some((_, optimizer)) = &self.critic {
+            parallel.broadcast_parameters(&optimizer.parameters())?;
+        }
+        self.parallel = Some(parallel);
+        Ok(())
+    }
+
+    /// The rows of `rows` this rank computes: all of them without data parallelism.
+    fn share(&self, samples: &[Sample], rows: &[usize]) -> Vec<usize> {
+        match &self.parallel {
+            Some(p) => p.share(samples, rows),
+            None => rows.to_vec(),
+        }
+    }
+
+    /// Sums the gradients of `optimizer`'s parameters across ranks, then steps it.
+    fn step_optimizer(
+        parallel: Option<&DataParallel>,
+        optimizer: &mut AdamW,
+        lr: f64,
+    ) -> Result<f64, DistError> {
+        if let Some(p) = parallel {
+            p.all_reduce_gradients(&optimizer.parameters())?;
+        }
+        Ok(optimizer.step(lr))
+    }
+
     /// Fills old log-probabilities, reference log-probabilities and values (no gradients);
     /// returns the policy's mean entropy over the trained tokens (verl logs it from this pass).
-    fn score(&self, samples: &mut [Sample], config: &TrainConfig) -> f64 {
+    fn score(&self, samples: &mut [Sample], config: &TrainConfig) -> Result<f64, DistError> {
         let temperature = config.rollout.sampling.temperature;
         let all: Vec<usize> = (0..samples.len()).collect();
+        let mine = self.share(samples, &all);
         let (mut entropy_sum, mut tokens) = (0.0, 0.0);
         tch::no_grad(|| {
-            for rows in micro_batches(samples, &all, config.batch.micro_batch_size) {
+            for rows in micro_batches(samples, &mine, config.batch.micro_batch_size) {
                 let mb = MicroBatch::new(samples, &rows, self.device());
                 let (old, entropy) = logprobs(&self.policy, &mb, temperature, true);
                 let entropy = entropy.expect("entropy requested");
@@ -152,18 +187,30 @@ impl Learner {
                 }
             }
         });
-        if tokens > 0.0 { entropy_sum / tokens } else { 0.0 }
+        if let Some(p) = &self.parallel {
+            p.combine(samples, &[Field::OldLogprobs, Field::RefLogprobs, Field::Values])?;
+            let mut sums = [entropy_sum, tokens];
+            p.sum(&mut sums)?;
+            [entropy_sum, tokens] = sums;
+        }
+        Ok(if tokens > 0.0 { entropy_sum / tokens } else { 0.0 })
     }
 
     /// One step on `samples` at `step` (0-based): score the samples, fill their advantages, then
     /// for each PPO epoch and mini-batch update the policy (unless the critic is warming up) and
-    /// the critic; returns the step's figures.
-    pub fn step(&mut self, samples: &mut [Sample], config: &TrainConfig, step: u64) -> StepRecord {
+    /// the critic; returns the step's figures. Every rank of a data-parallel run calls this with
+    /// the same samples.
+    pub fn step(
+        &mut self,
+        samples: &mut [Sample],
+        config: &TrainConfig,
+        step: u64,
+    ) -> Result<StepRecord, DistError> {
         let mut record = StepRecord::default();
         if samples.is_empty() {
-            return record;
+            return Ok(record);
         }
-        record.set(keys::ACTOR_ENTROPY, self.score(samples, config));
+        record.set(keys::ACTOR_ENTROPY, self.score(samples, config)?);
         advantages(samples, config);
         let train_actor = step >= config.critic.warmup_steps || self.critic.is_none();
         let lr = learning_rate(&config.optim, step, config.total_steps);
@@ -174,18 +221,21 @@ impl Learner {
             for rows in &minis {
                 let mini = MiniBatch { samples, rows, norm: normalizer(samples, rows), config };
                 if train_actor {
-                    self.update_actor(&mini, lr, &mut sums);
+                    self.update_actor(&mini, lr, &mut sums)?;
                 }
-                self.update_critic(&mini, critic_lr, &mut sums);
+                self.update_critic(&mini, critic_lr, &mut sums)?;
             }
         }
+        if let Some(p) = &self.parallel {
+            sums.combine(p)?;
+        }
         sums.write(&mut record, lr);
-        record
+        Ok(record)
     }
 
     /// One policy update on a mini-batch, its gradient accumulated over micro-batches: PPO-clip
     /// loss, minus the entropy bonus, plus the KL loss to the reference.
-    fn update_actor(&mut self, mini: &MiniBatch<'_>, lr: f64, sums: &mut Sums) {
+    fn update_actor(&mut self, mini: &MiniBatch<'_>, lr: f64, sums: &mut Sums) -> Result<(), DistError> {
         let MiniBatch { samples, rows, norm, config } = *mini;
         let a = &config.algorithm;
         let clip = PolicyClip {
@@ -195,7 +245,7 @@ impl Learner {
         };
         let temperature = config.rollout.sampling.temperature;
         self.optimizer.zero_grad();
-        for micro in micro_batches(samples, rows, config.batch.micro_batch_size) {
+        for micro in micro_batches(samples, &self.share(samples, rows), config.batch.micro_batch_size) {
             let mb = MicroBatch::new(samples, &micro, self.device());
             let (lp, entropy) = logprobs(&self.policy, &mb, temperature, a.entropy_coef != 0.0);
             let old = mb.gather(samples, Field::OldLogprobs);
@@ -230,17 +280,19 @@ impl Learner {
             sums.clipfrac_lower += pg.clipfrac_lower.double_value(&[]);
             sums.ppo_kl += pg.ppo_kl.double_value(&[]);
         }
-        sums.grad_norm += self.optimizer.step(lr);
+        sums.grad_norm += Self::step_optimizer(self.parallel.as_ref(), &mut self.optimizer, lr)?;
         sums.actor_updates += 1;
+        Ok(())
     }
 
     /// One critic update on a mini-batch (PPO; nothing without a critic): the clipped value loss,
     /// its gradient accumulated over micro-batches.
-    fn update_critic(&mut self, mini: &MiniBatch<'_>, lr: f64, sums: &mut Sums) {
-        let Some((critic, optimizer)) = &mut self.critic else { return };
+    fn update_critic(&mut self, mini: &MiniBatch<'_>, lr: f64, sums: &mut Sums) -> Result<(), DistError> {
         let MiniBatch { samples, rows, norm, config } = *mini;
+        let mine = self.share(samples, rows);
+        let Some((critic, optimizer)) = &mut self.critic else { return Ok(()) };
         optimizer.zero_grad();
-        for micro in micro_batches(samples, rows, config.batch.micro_batch_size) {
+        for micro in micro_batches(samples, &mine, config.batch.micro_batch_size) {
             let mb = MicroBatch::new(samples, &micro, critic.model.device());
             let vf = losses::value_loss(
                 &critic.values(&mb),
@@ -255,8 +307,9 @@ impl Learner {
             sums.vf_loss += vf.loss.double_value(&[]);
             sums.vf_clipfrac += vf.clipfrac.double_value(&[]);
         }
-        sums.critic_grad_norm += optimizer.step(lr);
+        sums.critic_grad_norm += Self::step_optimizer(self.parallel.as_ref(), optimizer, lr)?;
         sums.critic_updates += 1;
+        Ok(())
     }
 }
 
@@ -306,6 +359,31 @@ struct Sums {
 }
 
 impl Sums {
+    /// Adds up the ranks' per-micro-batch figures (the gradient norms and update counts are the
+    /// same on every rank).
+    fn combine(&mut self, parallel: &DataParallel) -> Result<(), DistError> {
+        let mut v = [
+            self.pg_loss,
+            self.kl,
+            self.clipfrac,
+            self.clipfrac_lower,
+            self.ppo_kl,
+            self.vf_loss,
+            self.vf_clipfrac,
+        ];
+        parallel.sum(&mut v)?;
+        [
+            self.pg_loss,
+            self.kl,
+            self.clipfrac,
+            self.clipfrac_lower,
+            self.ppo_kl,
+            self.vf_loss,
+            self.vf_clipfrac,
+        ] = v;
+        Ok(())
+    }
+
     fn write(&self, r: &mut StepRecord, lr: f64) {
         if self.actor_updates > 0 {
             let n = f64::from(self.actor_updates);
@@ -422,14 +500,92 @@ mod tests {
             let opt = AdamW::new(critic.parameters(), OptimConfig { lr: 1e-3, ..OptimConfig::default() });
             (critic, opt)
         });
-        Learner { policy, optimizer, reference: Some(reference), critic }
+        Learner { policy, optimizer, reference: Some(reference), critic, parallel: None }
+    }
+
+    /// The policy (and critic) after `steps` steps on `samples(30)`, on `world` ranks (threads of
+    /// this process, each with its own learner and process group); rank 0's parameters.
+    fn trained(world: usize, config: &TrainConfig, with_critic: bool) -> Vec<Tensor> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let ranks: Vec<_> = (0..world)
+            .map(|rank| {
+                let config = config.clone();
+                std::thread::spawn(move || {
+                    let mut learner = learner(with_critic);
+                    if world > 1 {
+                        let ranks = kart_torch::Ranks {
+                            rank,
+                            world_size: world,
+                            local_rank: rank,
+                            local_world_size: world,
+                            master_addr: "127.0.0.1".into(),
+                            master_port: port,
+                        };
+                        let timeout = std::time::Duration::from_secs(60);
+                        let group = kart_torch::ProcessGroup::join(&ranks, Device::Cpu, timeout).unwrap();
+                        learner.distribute(DataParallel::new(group, 0.01)).unwrap();
+                    }
+                    for step in 0..2 {
+                        learner.step(&mut samples(30), &config, step).unwrap();
+                    }
+                    let mut params = learner.optimizer.parameters();
+                    if let Some((_, optimizer)) = &learner.critic {
+                        params.extend(optimizer.parameters());
+                    }
+                    params.iter().map(Tensor::copy).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).next().unwrap()
+    }
+
+    /// Ranks split every mini-batch's samples and sum their gradients: the update is one
+    /// process's, for each loss aggregation, with a rank left without samples (3 ranks, 2 samples
+    /// a mini-batch), and for PPO's critic.
+    #[test]
+    fn ranks_compute_the_update_of_one_process() {
+        use kart_core::rl::loss::LossAggMode;
+        let modes = [
+            LossAggMode::TokenMean,
+            LossAggMode::SeqMeanTokenSum,
+            LossAggMode::SeqMeanTokenMean,
+            LossAggMode::SeqMeanTokenSumNorm,
+        ];
+        let mut cases: Vec<(TrainConfig, bool, usize)> = modes
+            .into_iter()
+            .map(|mode| {
+                let mut c = config(AdvantageEstimator::Grpo);
+                c.algorithm.loss_agg_mode = mode;
+                c.algorithm.ppo_epochs = 2;
+                c.algorithm.entropy_coef = 0.01;
+                c.batch.micro_batch_size = 1;
+                (c, false, 2)
+            })
+            .collect();
+        cases.push((config(AdvantageEstimator::Grpo), false, 3));
+        cases.push((config(AdvantageEstimator::Gae), true, 2));
+        for (config, with_critic, world) in cases {
+            let one = trained(1, &config, with_critic);
+            let many = trained(world, &config, with_critic);
+            let start = learner(with_critic).optimizer.parameters();
+            let moved = one
+                .iter()
+                .zip(&start)
+                .map(|(a, b)| (a - b).abs().max().double_value(&[]))
+                .fold(0.0, f64::max);
+            assert!(moved > 1e-4, "the steps moved the parameters ({moved})");
+            let diff =
+                one.iter().zip(&many).map(|(a, b)| (a - b).abs().max().double_value(&[])).fold(0.0, f64::max);
+            let mode = config.algorithm.loss_agg_mode;
+            assert!(diff <= 1e-5, "{world} ranks, {mode:?}, critic {with_critic}: max abs difference {diff}");
+        }
     }
 
     #[test]
     fn ppo_step_trains_policy_and_critic_with_observations_masked() {
         let mut learner = learner(true);
         let mut batch = samples(30);
-        let record = learner.step(&mut batch, &config(AdvantageEstimator::Gae), 0);
+        let record = learner.step(&mut batch, &config(AdvantageEstimator::Gae), 0).unwrap();
         for key in [
             keys::ACTOR_PG_LOSS,
             keys::ACTOR_KL,
@@ -471,7 +627,7 @@ mod tests {
                 algorithm: AlgorithmConfig { tis_cap: Some(2.0), ..AlgorithmConfig::default() },
                 ..config(AdvantageEstimator::Grpo)
             };
-            learner.step(&mut batch, &cfg, 0);
+            learner.step(&mut batch, &cfg, 0).unwrap();
             learner.policy.named_tensors().into_iter().map(|(_, t)| t.copy()).collect::<Vec<_>>()
         };
         let (a, b) = (run(0.0), run(-50.0));

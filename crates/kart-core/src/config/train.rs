@@ -48,6 +48,26 @@ pub struct TrainConfig {
     pub port: u16,
     /// Where the models run.
     pub device: Device,
+    /// Data-parallel training over several processes (`kart train --nproc-per-node`, or the
+    /// `RANK`/`WORLD_SIZE` variables the operator sets).
+    pub distributed: DistributedConfig,
+}
+
+/// How the ranks of a data-parallel run talk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct DistributedConfig {
+    /// Seconds a rendezvous or collective may wait for the other ranks before the run fails (a
+    /// rank that died stops the others within this).
+    pub timeout_secs: f64,
+    /// Size of a gradient all-reduce bucket in MiB (PyTorch DDP's `bucket_cap_mb`).
+    pub bucket_mb: f64,
+}
+
+impl Default for DistributedConfig {
+    fn default() -> Self {
+        DistributedConfig { timeout_secs: 1800.0, bucket_mb: 25.0 }
+    }
 }
 
 /// Where the trainer's models (and its in-process engine) run.
@@ -83,6 +103,7 @@ impl Default for TrainConfig {
             host: "0.0.0.0".into(),
             port: 8002,
             device: Device::Auto,
+            distributed: DistributedConfig::default(),
         }
     }
 }
@@ -347,6 +368,10 @@ pub struct RolloutSource {
     pub max_staleness: u64,
     /// Seconds to wait for one group before the request is retried.
     pub timeout_secs: f64,
+    /// Train on the groups recorded in this `rollouts.jsonl` (written with `dump_rollouts`), step
+    /// by step in order, instead of generating: offline training, debugging, and deterministic
+    /// runs.
+    pub replay: Option<PathBuf>,
     /// In-process pool: the tools and engine retries, as a rollout worker takes them
     /// (`retriever_url`, `tool_timeout_secs`, ...: keys of their own beside these).
     #[serde(flatten)]
@@ -363,6 +388,7 @@ impl Default for RolloutSource {
             sampling: Sampling::default(),
             max_staleness: 0,
             timeout_secs: 1800.0,
+            replay: None,
             context: ContextConfig::default(),
         }
     }
@@ -464,6 +490,13 @@ impl TrainConfig {
         }
         if a.ppo_epochs == 0 {
             return err("algorithm.ppo_epochs", &a.ppo_epochs, "must be at least 1");
+        }
+        let d = &self.distributed;
+        if !above(d.timeout_secs, 0.0) {
+            return err("distributed.timeout_secs", &d.timeout_secs, "must be positive");
+        }
+        if !above(d.bucket_mb, 0.0) {
+            return err("distributed.bucket_mb", &d.bucket_mb, "must be positive");
         }
         if b.n == 0 {
             return err("batch.n", &b.n, "must be at least 1");

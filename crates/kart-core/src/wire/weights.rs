@@ -1,6 +1,7 @@
 //! Where a policy version's weights are: what the trainer names and a worker loads.
 
 use super::InvalidField;
+use crate::config::rollout::is_http_url;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -33,7 +34,7 @@ impl WeightSource {
             return invalid("version", format!("{} is negative", self.version));
         }
         match (&self.url, &self.path) {
-            (Some(url), None) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+            (Some(url), None) if !is_http_url(url) => {
                 invalid("url", format!("`{url}` is not an http(s) URL"))
             }
             (Some(_), None) | (None, Some(_)) => Ok(()),

@@ -146,5 +146,8 @@ mod tests {
         let bad = ContextConfig { tool_timeout_secs: -1.0, ..ContextConfig::default() };
         let err = build(&bad, None).err().expect("a negative timeout is refused").to_string();
         assert!(err.contains("tool_timeout_secs = -1"), "{err}");
+        let bad = ContextConfig { retriever_url: Some("retriever:8000".into()), ..ContextConfig::default() };
+        let err = build(&bad, None).err().expect("a URL without a scheme is refused").to_string();
+        assert!(err.contains("retriever_url = retriever:8000"), "{err}");
     }
 }

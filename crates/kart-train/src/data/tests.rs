@@ -221,21 +221,12 @@ fn prompts_serialise_as_rollout_tasks() {
     assert_eq!(serde_json::to_value(&p).unwrap()["messages"], json!([{"role": "user", "content": "Q"}]));
 }
 
-/// The project venv's Python (`$KART_VENV`, else `.venv` at the repository root), if present.
-fn venv_python() -> Option<PathBuf> {
-    let venv = std::env::var_os("KART_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv"));
-    let python = venv.join("bin/python");
-    python.exists().then_some(python)
-}
-
 /// Search-R1's data scripts write parquet with pandas/pyarrow (`nq_search.py`, then
 /// `qa_search_train_merge.py` concatenating sources whose `extra_info.index` restart at 0); kart
 /// reads those files, and pyarrow reads the files kart writes.
 #[test]
 fn parquet_interoperates_with_pandas_and_pyarrow() {
-    let Some(python) = venv_python() else {
+    let Some(python) = kart_testing::python() else {
         println!("skipped: no project venv (run scripts/setup.sh, or set KART_VENV)");
         return;
     };

@@ -476,6 +476,7 @@ async fn reinforce(config: &Config, world: &WorldOnDisk, warm: &Path) -> anyhow:
         Trainer::build(
             train_config,
             false,
+            &kart_torch::Ranks::single(),
             &registry,
             StatusHandle::default(),
             WeightStore::default(),

@@ -3,6 +3,8 @@
 mod allocator;
 mod bench;
 mod conformance;
+mod doctor;
+mod launch;
 mod local;
 mod logging;
 mod plot;
@@ -27,6 +29,7 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::Command),
     Conformance(conformance::Args),
+    Doctor(doctor::DoctorArgs),
     Local(local::LocalArgs),
     Plot(plot::Args),
     #[command(subcommand)]
@@ -44,6 +47,7 @@ pub fn run() -> ExitCode {
     let result = match cli.command {
         Command::Bench(command) => bench::run(command),
         Command::Conformance(args) => conformance::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Local(args) => local::run(args),
         Command::Plot(args) => plot::run(args),
         Command::Retriever(command) => retriever::run(command),

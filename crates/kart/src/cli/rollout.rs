@@ -54,8 +54,8 @@ fn engine(config: &RolloutConfig) -> anyhow::Result<WorkerEngine> {
     match &config.engine {
         EngineConfig::Embedded { max_batch, seed } => {
             let model_error = || format!("model {}", config.model.display());
-            let model =
-                CausalLm::load(&config.model, tch::Device::cuda_if_available()).with_context(model_error)?;
+            let model = CausalLm::load(&config.model, kart_torch::auto("rollout engine"))
+                .with_context(model_error)?;
             let tokenizer = Tokenizer::load(&config.model).with_context(model_error)?;
             let engine = EmbeddedEngine::spawn(model, tokenizer, *max_batch, 0, *seed);
             Ok(WorkerEngine { engine: Arc::new(engine.clone()), weights: Some(Arc::new(engine)) })

@@ -1,11 +1,17 @@
 //! `kart train`: a training run from a config file, serving `/status`, `/metrics` and
 //! `/weights/{version}` while it runs, and writing the final status to `$KART_STATUS_FILE` when set
 //! (the operator points it at the pod's termination message).
+//!
+//! In a data-parallel run (`RANK`, `WORLD_SIZE`, ... set, or `--nproc-per-node` starting the
+//! ranks) rank 0 does all of that; the other ranks follow its orders and compute their share of
+//! each update.
 
 use anyhow::Context;
 use clap::Args;
 use kart_core::config::train::TrainConfig;
 use kart_http::Readiness;
+use kart_torch::Ranks;
+use kart_train::follower::Follower;
 use kart_train::server::{Phase, StatusHandle, router};
 use kart_train::trainer::Trainer;
 use kart_train::weights::WeightStore;
@@ -29,17 +35,37 @@ pub struct TrainArgs {
     /// Port of `/status`, `/metrics` and `/weights` (overrides the file; 0 picks a free one).
     #[arg(long)]
     port: Option<u16>,
+    /// Start this many trainer processes (ranks) on this node, as torchrun does: `auto` is one per
+    /// visible GPU, a number that many processes (CPU processes without GPUs).
+    #[arg(long, value_name = "N|auto")]
+    nproc_per_node: Option<super::launch::NprocPerNode>,
 }
 
 /// How long a failed run waits for a termination signal before it reports the failure.
 const SIGNAL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
+    if let Some(nproc) = args.nproc_per_node {
+        let mut child: Vec<std::ffi::OsString> = vec!["train".into(), "--config".into(), args.config.into()];
+        if args.resume {
+            child.push("--resume".into());
+        }
+        if let Some(port) = args.port {
+            child.extend(["--port".into(), port.to_string().into()]);
+        }
+        return super::launch::run(nproc, child);
+    }
+    let ranks = Ranks::from_env()?;
     let path = args.config.display().to_string();
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("--config {path}"))?;
     let mut config: TrainConfig = serde_json::from_str(&text).with_context(|| format!("--config {path}"))?;
     if let Some(port) = args.port {
         config.port = port;
+    }
+    if !ranks.is_leader() {
+        let steps = Follower::build(config, args.resume, &ranks)?.run()?;
+        tracing::info!(rank = ranks.rank, steps, "rank finished");
+        return Ok(ExitCode::SUCCESS);
     }
     tokio::runtime::Runtime::new()?.block_on(async move {
         let registry = Registry::new();
@@ -55,7 +81,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         let host = std::env::var("POD_IP").unwrap_or_else(|_| "127.0.0.1".into());
         let advertise = format!("http://{host}:{port}");
         let trainer = tokio::task::block_in_place(|| {
-            Trainer::build(config, args.resume, &registry, status.clone(), weights, advertise)
+            Trainer::build(config, args.resume, &ranks, &registry, status.clone(), weights, advertise)
         })?;
         ready.set(true);
         // A pod being deleted, suspended or evicted gets SIGTERM: training stops at once (a step's

@@ -152,7 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut reference = CausalLm::load(&model_dir, Device::Cpu)?;
     reference.var_store_mut().freeze();
     let optimizer = AdamW::new(policy.named_tensors(), config.optim.clone());
-    let mut learner = Learner { policy, optimizer, reference: Some(reference), critic: None };
+    let mut learner = Learner { policy, optimizer, reference: Some(reference), critic: None, parallel: None };
 
     let ids: Vec<Vec<i64>> = rows.iter().map(|r| r.iter().map(|&t| i64::from(t)).collect()).collect();
     let request =
@@ -168,7 +168,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut kart_step = || -> anyhow::Result<Stepped> {
         let mut batch = samples.clone();
         let start = Instant::now();
-        let record = learner.step(&mut batch, &config, 0);
+        let record = learner.step(&mut batch, &config, 0)?;
         let seconds = start.elapsed().as_secs_f64();
         let get = |key: &Key| record.get(key).unwrap_or(f64::NAN);
         Ok(Stepped { seconds, entropy: get(&keys::ACTOR_ENTROPY), kl: get(&keys::ACTOR_KL) })

@@ -1,0 +1,55 @@
+// The C interface of kart's shim over PyTorch's C++ runtime: what tch does not expose.
+//
+// Every call that can fail returns NULL on success or an error message allocated with malloc,
+// which the caller releases with kart_torch_free_string. No C++ exception crosses this interface.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kart_store kart_store;
+typedef struct kart_group kart_group;
+typedef struct kart_work kart_work;
+// An at::Tensor*, as tch's torch-sys hands them out.
+typedef void* kart_tensor;
+
+// What the runtime has: torch's version, CUDA hooks, NCCL's version ("" when not built).
+const char* kart_torch_version(void);
+bool kart_torch_cuda_hooks_registered(void);
+int kart_torch_cuda_device_count(void);
+char* kart_torch_cuda_device(int index, char** name, uint64_t* total_memory);
+char* kart_torch_nccl_version(char** version);
+char* kart_torch_gloo_device(void);
+void kart_torch_free_string(char* s);
+
+// c10d's TCPStore: the server on rank 0, clients elsewhere.
+char* kart_store_tcp(const char* host, uint16_t port, bool is_server, int world_size,
+                     int64_t timeout_ms, kart_store** out);
+void kart_store_free(kart_store* store);
+
+// Process groups over a store: Gloo (CPU tensors) or NCCL (CUDA tensors).
+char* kart_group_gloo(kart_store* store, int rank, int world_size, int64_t timeout_ms,
+                      kart_group** out);
+char* kart_group_nccl(kart_store* store, int rank, int world_size, int64_t timeout_ms,
+                      kart_group** out);
+void kart_group_free(kart_group* group);
+
+// Collectives: each starts one c10d operation and hands back its work; kart_work_wait waits
+// (at most timeout_ms) and frees it. `op`: 0 sum, 1 max, 2 min (what Gloo and NCCL both
+// reduce with).
+char* kart_all_reduce(kart_group* group, kart_tensor tensor, int op, kart_work** out);
+char* kart_broadcast(kart_group* group, kart_tensor tensor, int root, kart_work** out);
+char* kart_all_gather(kart_group* group, kart_tensor output, kart_tensor input, kart_work** out);
+char* kart_reduce_scatter(kart_group* group, kart_tensor output, kart_tensor input, int op,
+                          kart_work** out);
+char* kart_barrier(kart_group* group, kart_work** out);
+char* kart_work_wait(kart_work* work, int64_t timeout_ms);
+void kart_work_free(kart_work* work);
+
+#ifdef __cplusplus
+}
+#endif

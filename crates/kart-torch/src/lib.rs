@@ -1,0 +1,22 @@
+//! What kart uses of the installed PyTorch beyond tch's tensors and modules.
+//!
+//! - [`runtime`]: what the loaded libtorch offers (version, CUDA support, devices, NCCL, Gloo),
+//!   for `kart doctor`.
+//! - [`device`]: the device a component runs on, chosen from its config and logged.
+//! - [`ranks`]: this process's place in a distributed run, from torchrun's variables.
+//! - [`group`]: c10d process groups over a `TCPStore` rendezvous, and the collectives training
+//!   needs (all-reduce, broadcast, all-gather, reduce-scatter, barrier), with timeouts.
+//!
+//! The C++ side is a small shim in `shim/`, compiled against the headers and libraries of the
+//! torch that torch-sys links; c10d errors come back as Rust errors, never as an abort.
+
+pub mod device;
+mod ffi;
+pub mod group;
+pub mod ranks;
+pub mod runtime;
+
+pub use device::{DeviceError, auto, choose};
+pub use group::{Backend, DistError, ProcessGroup, ReduceOp, Work};
+pub use ranks::{Ranks, RanksError};
+pub use runtime::Runtime;

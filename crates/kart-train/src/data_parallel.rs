@@ -1,0 +1,169 @@
+//! Data parallelism over a c10d process group, as PyTorch's DistributedDataParallel does it:
+//! parameters broadcast from rank 0 at start, each rank computing its share of every
+//! mini-batch's samples, gradients summed across ranks in buckets before every optimiser step.
+//!
+//! The losses are normalised by the whole mini-batch's token and sequence counts (computed from
+//! all samples on every rank), so the summed gradient is the one a single process computes, and
+//! every rank takes the same optimiser step.
+
+use super::batch::{Field, Sample};
+use kart_torch::{DistError, ProcessGroup, ReduceOp};
+use tch::{Device, Kind, Tensor};
+
+/// This rank's part in a data-parallel run.
+pub struct DataParallel {
+    group: ProcessGroup,
+    bucket_bytes: usize,
+}
+
+impl DataParallel {
+    /// Data parallelism over `group`, gradients reduced in buckets of `bucket_mb` MiB.
+    pub fn new(group: ProcessGroup, bucket_mb: f64) -> DataParallel {
+        let bucket_bytes = (bucket_mb * f64::from(1u32 << 20)).max(1.0) as usize;
+        DataParallel { group, bucket_bytes }
+    }
+
+    /// The process group.
+    pub fn group(&self) -> &ProcessGroup {
+        &self.group
+    }
+
+    /// The rows of `rows` this rank computes: the rows ranked by length (longest first), dealt
+    /// out in turn, so every rank gets a like number of tokens.
+    pub fn share(&self, samples: &[Sample], rows: &[usize]) -> Vec<usize> {
+        let mut sorted = rows.to_vec();
+        sorted.sort_by_key(|&i| std::cmp::Reverse(samples[i].len()));
+        sorted.into_iter().skip(self.group.rank()).step_by(self.group.world_size()).collect()
+    }
+
+    /// Overwrites `params` with rank 0's, bucket by bucket.
+    pub fn broadcast_parameters(&self, params: &[Tensor]) -> Result<(), DistError> {
+        tch::no_grad(|| {
+            for bucket in buckets(params, self.bucket_bytes) {
+                let mut flat = flatten(params, &bucket);
+                self.group.broadcast(&mut flat, 0)?;
+                unflatten(&flat, params, &bucket, |p, v| p.detach().copy_(v));
+            }
+            Ok(())
+        })
+    }
+
+    /// Sums the gradients of `params` across ranks: all buckets are started, then waited on, so
+    /// the transfers overlap each other. A parameter this rank computed no gradient for (it had
+    /// no samples) contributes zeros.
+    pub fn all_reduce_gradients(&self, params: &[Tensor]) -> Result<(), DistError> {
+        tch::no_grad(|| {
+            let grads: Vec<Tensor> = params.iter().map(|p| p.grad()).collect();
+            let missing: Vec<&Tensor> =
+                params.iter().zip(&grads).filter(|(_, g)| !g.defined()).map(|(p, _)| p).collect();
+            if !missing.is_empty() {
+                define_zero_gradients(&missing);
+                return self.all_reduce_gradients(params);
+            }
+            let buckets = buckets(params, self.bucket_bytes);
+            let mut flats: Vec<Tensor> = buckets.iter().map(|b| flatten(&grads, b)).collect();
+            let works = flats
+                .iter_mut()
+                .map(|f| self.group.start_all_reduce(f, ReduceOp::Sum))
+                .collect::<Result<Vec<_>, _>>()?;
+            for work in works {
+                work.wait()?;
+            }
+            for (flat, bucket) in flats.iter().zip(&buckets) {
+                unflatten(flat, &grads, bucket, |g, v| g.copy_(v));
+            }
+            Ok(())
+        })
+    }
+
+    /// Sums `values` across ranks.
+    pub fn sum(&self, values: &mut [f64]) -> Result<(), DistError> {
+        let mut t = Tensor::from_slice(values).to_device(self.group.device());
+        self.group.all_reduce(&mut t, ReduceOp::Sum)?;
+        let summed = Vec::<f64>::try_from(t.to_device(Device::Cpu)).expect("f64 values");
+        values.copy_from_slice(&summed);
+        Ok(())
+    }
+
+    /// Makes `fields` of every sample whole on every rank, where each rank filled its share's
+    /// entries and left the rest 0.
+    pub fn combine(&self, samples: &mut [Sample], fields: &[Field]) -> Result<(), DistError> {
+        let mut flat: Vec<f32> = Vec::new();
+        for s in samples.iter() {
+            for &f in fields {
+                flat.extend_from_slice(f.of(s));
+            }
+        }
+        let mut t = Tensor::from_slice(&flat).to_device(self.group.device());
+        self.group.all_reduce(&mut t, ReduceOp::Sum)?;
+        let summed = Vec::<f32>::try_from(t.to_device(Device::Cpu)).expect("f32 values");
+        let mut at = 0;
+        for s in samples.iter_mut() {
+            for &f in fields {
+                let dst = f.of_mut(s);
+                let n = dst.len();
+                dst.copy_from_slice(&summed[at..at + n]);
+                at += n;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Consecutive runs of parameter indices of at most `bucket_bytes` each (a larger tensor is a
+/// bucket of its own).
+fn buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<Vec<usize>> {
+    let mut buckets: Vec<Vec<usize>> = Vec::new();
+    let mut bytes = 0;
+    for (i, p) in params.iter().enumerate() {
+        let size = p.numel() * p.kind().elt_size_in_bytes();
+        match buckets.last_mut() {
+            Some(b) if bytes + size <= bucket_bytes => b.push(i),
+            _ => {
+                buckets.push(vec![i]);
+                bytes = 0;
+            }
+        }
+        bytes += size;
+    }
+    buckets
+}
+
+/// Gives `params` zero gradients (what a rank without samples contributes).
+fn define_zero_gradients(params: &[&Tensor]) {
+    tch::with_grad(|| {
+        let zero: Tensor = params.iter().map(|p| (*p * 0.0).sum(Kind::Float)).sum();
+        zero.backward();
+    });
+}
+
+/// The tensors of `bucket`, flattened and concatenated.
+fn flatten(tensors: &[Tensor], bucket: &[usize]) -> Tensor {
+    let parts: Vec<Tensor> = bucket.iter().map(|&i| tensors[i].detach().reshape([-1])).collect();
+    Tensor::cat(&parts, 0)
+}
+
+/// Hands each tensor of `bucket` its slice of `flat` through `write`.
+fn unflatten(flat: &Tensor, tensors: &[Tensor], bucket: &[usize], write: impl Fn(&mut Tensor, &Tensor)) {
+    let mut at = 0;
+    for &i in bucket {
+        let mut t = tensors[i].shallow_clone();
+        let (n, shape) = (t.numel() as i64, t.size());
+        write(&mut t, &flat.narrow(0, at, n).view(shape.as_slice()));
+        at += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_hold_consecutive_parameters_up_to_their_size() {
+        let params: Vec<Tensor> =
+            [256, 256, 1024, 16].iter().map(|&n| Tensor::zeros([n], (Kind::Float, Device::Cpu))).collect();
+        assert_eq!(buckets(&params, 2048), vec![vec![0, 1], vec![2], vec![3]]);
+        assert_eq!(buckets(&params, 1 << 20), vec![vec![0, 1, 2, 3]]);
+        assert_eq!(buckets(&params, 1), vec![vec![0], vec![1], vec![2], vec![3]]);
+    }
+}
