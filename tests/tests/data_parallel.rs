@@ -195,3 +195,28 @@ fn a_killed_rank_fails_the_attempt_and_the_next_resumes() {
     let steps: Vec<u64> = step_records(&out).iter().map(|r| r["step"].as_f64().unwrap() as u64).collect();
     assert_eq!(steps, (1..=STEPS).collect::<Vec<_>>());
 }
+
+/// A rank whose peers never come fails at the rendezvous after `distributed.timeout_secs`, naming
+/// it.
+#[test]
+fn a_rank_alone_fails_at_the_rendezvous_after_the_configured_timeout() {
+    let dir = fresh_dir("kart-data-parallel-alone");
+    write_capitals(&dir);
+    let out = dir.join("run");
+    let config = config(
+        &dir,
+        &out,
+        json!({"rollout": {"urls": ["http://127.0.0.1:9"]}, "distributed": {"timeout_secs": 1.5}}),
+    );
+    let output = Command::new(binary("kart"))
+        .args(["train", "--config"])
+        .arg(&config)
+        .env("WORLD_SIZE", "2")
+        .env("RANK", "1")
+        .env("MASTER_PORT", kart_tests::free_port().to_string())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("(rank 1 of 2, timeout 1.5s)"), "{stderr}");
+}

@@ -12,8 +12,8 @@ use tch::{Device, Kind, Tensor};
 /// A failed rendezvous or collective.
 #[derive(Debug, thiserror::Error)]
 pub enum DistError {
-    #[error("rendezvous at {addr}:{port} (rank {rank} of {world_size}): {message}")]
-    Rendezvous { addr: String, port: u16, rank: usize, world_size: usize, message: String },
+    #[error("rendezvous at {addr}:{port} (rank {rank} of {world_size}, timeout {timeout:?}): {message}")]
+    Rendezvous { addr: String, port: u16, rank: usize, world_size: usize, timeout: Duration, message: String },
     #[error("{backend:?} process group (rank {rank} of {world_size}): {message}")]
     Group { backend: Backend, rank: usize, world_size: usize, message: String },
     #[error("{op} (rank {rank}): {message}")]
@@ -82,6 +82,7 @@ impl ProcessGroup {
             port: ranks.master_port,
             rank: ranks.rank,
             world_size: ranks.world_size,
+            timeout,
             message,
         };
         let host = CString::new(ranks.master_addr.as_str()).map_err(|e| rendezvous(e.to_string()))?;
@@ -368,9 +369,8 @@ mod tests {
         let ranks = Ranks { world_size: 2, master_port: free_port(), ..Ranks::single() };
         let err =
             ProcessGroup::join(&ranks, Device::Cpu, Duration::from_millis(500)).err().unwrap().to_string();
-        assert!(
-            err.starts_with(&format!("rendezvous at 127.0.0.1:{} (rank 0 of 2): ", ranks.master_port)),
-            "{err}"
-        );
+        let expected =
+            format!("rendezvous at 127.0.0.1:{} (rank 0 of 2, timeout 500ms): ", ranks.master_port);
+        assert!(err.starts_with(&expected), "{err}");
     }
 }
