@@ -3,8 +3,9 @@
 //! `kart_tests::cluster` runs the Pods its Deployments and Jobs imply as real `kart` processes
 //! (the index build, the retriever, two rollout workers on the fixture model behind their
 //! Service, the trainers). A run succeeds with every step, each worker generating with the weights
-//! of the version it was asked for; a trainer killed midway is restarted by the operator from its
-//! checkpoint; deleting a TrainingJob stops its processes.
+//! of the version it was asked for; a run on two nodes of two ranks each trains as one; a trainer
+//! killed midway is restarted by the operator from its checkpoint; deleting a TrainingJob stops
+//! its processes.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -191,7 +192,38 @@ async fn training_jobs_run_restart_from_checkpoints_and_stop_through_the_operato
     assert_eq!(loads[0], (STEPS + 1) as f64, "each of the versions 0..={STEPS} was pushed to one worker");
     assert!(loads[1] >= 1.0, "the worker the last push missed pulled it");
 
-    // 2. A trainer killed after its first checkpoint: the next attempt resumes from it.
+    // 2. Two nodes of two CPU ranks each: one data-parallel run, node 1 meeting node 0 at its pod
+    // DNS name, to the end.
+    let mut ranks = training_job("ranks", &data, 2);
+    ranks.spec.nodes = 2;
+    ranks.spec.gpus_per_node = Some(2);
+    ranks.spec.checkpoint.access_modes = vec!["ReadWriteMany".into()];
+    create(&client, ranks).await;
+    let status =
+        training_job_status(&cluster, "ranks", Duration::from_secs(300), |s| s.phase.is_finished()).await;
+    assert_eq!(status.phase, TrainingJobPhase::Succeeded, "{status:?}\n{}", cluster.describe());
+    assert_eq!((status.step, status.world_size, status.attempts), (2, Some(4), 1), "{status:?}");
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=ranks"))
+        .await
+        .unwrap();
+    assert_eq!(pods.items.len(), 2, "one pod per node");
+    for pod in &pods.items {
+        let index = &pod.metadata.labels.as_ref().unwrap()["batch.kubernetes.io/job-completion-index"];
+        let log = cluster.kubelet.logs(NAMESPACE, &pod.name_any());
+        let node: usize = index.parse().unwrap();
+        for rank in [2 * node, 2 * node + 1].into_iter().filter(|&r| r > 0) {
+            let finished = format!("\"rank\":{rank}");
+            assert!(
+                log.lines().any(|l| l.contains("rank finished") && l.contains(&finished)),
+                "node {node} ran rank {rank}: {log}"
+            );
+        }
+    }
+    let output = cluster.kubelet.claim(NAMESPACE, "ranks-checkpoints");
+    assert_eq!(steps_logged(&output), [0, 1, 2], "rank 0 alone writes the metrics");
+
+    // 3. A trainer killed after its first checkpoint: the next attempt resumes from it.
     create(&client, training_job("resume", &data, 50)).await;
     let output = cluster.kubelet.claim(NAMESPACE, "resume-checkpoints");
     let first = trainer_pod(&cluster, "resume", 0).await;
@@ -240,7 +272,7 @@ async fn training_jobs_run_restart_from_checkpoints_and_stop_through_the_operato
     .await;
     assert_eq!((status.phase, status.failures), (TrainingJobPhase::Running, 1), "{status:?}");
 
-    // 3. Deleting the TrainingJob stops its trainer, and only it.
+    // 4. Deleting the TrainingJob stops its trainer, and only it.
     let pid = cluster.kubelet.pid(NAMESPACE, &second.name_any()).expect("the resumed trainer runs");
     let retriever_pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
         .list(&ListParams::default().labels("app.kubernetes.io/component=retriever"))

@@ -46,6 +46,7 @@ pub fn training_job(nodes: i32) -> TrainingJob {
         "retrieverRef": "wiki",
         "rolloutPoolRef": "pool",
         "nodes": nodes,
+        "checkpoint": {"accessModes": [if nodes > 1 { "ReadWriteMany" } else { "ReadWriteOnce" }]},
         "pod": {"resources": {"limits": {"nvidia.com/gpu": "8"}}, "priorityClassName": "training"}
     }))
     .expect("valid spec");

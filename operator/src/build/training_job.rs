@@ -2,6 +2,10 @@
 //! (rank 0's `/status`, `/metrics` and `/weights`), for several nodes a headless Service for the
 //! rendezvous, and one indexed trainer Job per attempt.
 //!
+//! Ranks: each pod runs `kart train --nproc-per-node <gpusPerNode>`, which starts one trainer
+//! process per GPU; `WORLD_SIZE` is nodes x gpusPerNode and `NODE_RANK` the pod's completion
+//! index, so the ranks of pod `i` are `i * gpusPerNode ..`.
+//!
 //! Attempts: every Job runs `kart train --config /etc/kart/config.json`; every Job after the first
 //! adds `--resume` (continue from the last checkpoint in `output_dir`, or start afresh when there
 //! is none). The Job itself never retries (`backoffLimit: 0`): the controller counts failed
@@ -97,11 +101,60 @@ pub fn render_config(tj: &TrainingJob) -> TrainConfig {
     config
 }
 
+/// The GPU resource a pod's limit names.
+const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// Trainer processes per pod: `gpusPerNode`, else the pod's `nvidia.com/gpu` limit, else 1.
+pub fn gpus_per_node(tj: &TrainingJob) -> Result<i32, InvalidSpec> {
+    let spec = &tj.spec;
+    if let Some(n) = spec.gpus_per_node {
+        return match n {
+            1.. => Ok(n),
+            _ => Err(InvalidSpec::new("spec.gpusPerNode", n, "must be at least 1")),
+        };
+    }
+    let limit = spec.pod.resources.as_ref().and_then(|r| r.limits.as_ref()).and_then(|l| l.get(GPU_RESOURCE));
+    match limit {
+        None => Ok(1),
+        Some(q) => match q.0.trim().parse::<i32>() {
+            Ok(n @ 1..) => Ok(n),
+            _ => Err(InvalidSpec::new(
+                format!("spec.pod.resources.limits[{GPU_RESOURCE}]"),
+                &q.0,
+                "must be a whole number of GPUs, at least 1 (or set spec.gpusPerNode)",
+            )),
+        },
+    }
+}
+
+/// Trainer processes of the run: nodes x [`gpus_per_node`].
+pub fn world_size(tj: &TrainingJob) -> Result<i32, InvalidSpec> {
+    let per_node = gpus_per_node(tj)?;
+    tj.spec.nodes.checked_mul(per_node).ok_or_else(|| {
+        InvalidSpec::new("spec.gpusPerNode", per_node, format!("x {} nodes overflows", tj.spec.nodes))
+    })
+}
+
 /// The trainer's own checks on the rendered config, plus the operator's fields.
 pub fn validate(tj: &TrainingJob) -> Result<(), InvalidSpec> {
     let spec = &tj.spec;
     if spec.nodes < 1 {
         return Err(InvalidSpec::new("spec.nodes", spec.nodes, "must be at least 1"));
+    }
+    world_size(tj)?;
+    // Every node's rank 0 reads the checkpoint a resumed attempt continues from, and node 0
+    // writes it: a volume one node can mount cannot serve them. (An existing claim's modes are
+    // the cluster's to check; its pods stay Pending on a volume they cannot attach.)
+    let single_node = |m: &String| m == "ReadWriteOnce" || m == "ReadWriteOncePod";
+    if spec.nodes > 1
+        && spec.checkpoint.existing_claim.is_none()
+        && spec.checkpoint.access_modes.iter().all(single_node)
+    {
+        return Err(InvalidSpec::new(
+            "spec.checkpoint.accessModes",
+            format!("{:?}", spec.checkpoint.access_modes),
+            format!("{} nodes share the checkpoint volume: use ReadWriteMany", spec.nodes),
+        ));
     }
     if spec.backoff_limit < 0 {
         return Err(InvalidSpec::new("spec.backoffLimit", spec.backoff_limit, "must be >= 0"));
@@ -131,15 +184,25 @@ pub fn children(tj: &TrainingJob) -> Result<TrainingJobChildren, InvalidSpec> {
             )
         }),
         service: rank0_service(tj, rank0),
-        nodes_service: (spec.nodes > 1).then(|| {
-            service(
-                child(tj, &nodes_service_name(&name), COMPONENT),
-                meta::selector(&name, COMPONENT),
-                &[("rendezvous", MASTER_PORT)],
-                true,
-            )
-        }),
+        nodes_service: (spec.nodes > 1).then(|| nodes_service(tj)),
     })
+}
+
+/// The headless Service giving each trainer pod a DNS name (`<job>-<index>.<service>`). Its
+/// records exist before the pods are ready: the ranks meet at node 0's address before any of them
+/// serves a probe.
+fn nodes_service(tj: &TrainingJob) -> Service {
+    let name = tj.name_any();
+    let mut s = service(
+        child(tj, &nodes_service_name(&name), COMPONENT),
+        meta::selector(&name, COMPONENT),
+        &[("rendezvous", MASTER_PORT)],
+        true,
+    );
+    if let Some(spec) = s.spec.as_mut() {
+        spec.publish_not_ready_addresses = Some(true);
+    }
+    s
 }
 
 /// Rank 0's Service. It routes to the trainer before any readiness probe passed: the trainer
@@ -157,17 +220,19 @@ fn rank0_service(tj: &TrainingJob, selector: BTreeMap<String, String>) -> Servic
     s
 }
 
-/// Attempt `attempt`'s trainer Job: `nodes` indexed pods with `MASTER_ADDR` (rank 0's stable
-/// host name), `MASTER_PORT`, `WORLD_SIZE` and `RANK` (the completion index, from the pod's
-/// `batch.kubernetes.io/job-completion-index` annotation).
+/// Attempt `attempt`'s trainer Job: `nodes` indexed pods running `kart train --nproc-per-node`
+/// with `MASTER_ADDR` (node 0's stable host name), `MASTER_PORT`, `WORLD_SIZE` (every rank of
+/// every node) and `NODE_RANK` (the completion index, from the pod's
+/// `batch.kubernetes.io/job-completion-index` annotation). The spec is valid ([`validate`]).
 pub fn job(tj: &TrainingJob, settings: &Settings, attempt: i32) -> Job {
     let name = tj.name_any();
     let spec = &tj.spec;
     let job = job_name(&name, attempt);
     let multi = spec.nodes > 1;
     let master = if multi { format!("{job}-0.{}", nodes_service_name(&name)) } else { "127.0.0.1".into() };
-    let rank = EnvVar {
-        name: "RANK".into(),
+    let per_node = gpus_per_node(tj).unwrap_or(1);
+    let node_rank = EnvVar {
+        name: "NODE_RANK".into(),
         value_from: Some(EnvVarSource {
             field_ref: Some(ObjectFieldSelector {
                 field_path: format!("metadata.annotations['{COMPLETION_INDEX}']"),
@@ -177,7 +242,13 @@ pub fn job(tj: &TrainingJob, settings: &Settings, attempt: i32) -> Job {
         }),
         ..EnvVar::default()
     };
-    let mut args = vec!["train".to_string(), "--config".into(), config_path()];
+    let mut args = vec![
+        "train".to_string(),
+        "--config".into(),
+        config_path(),
+        "--nproc-per-node".into(),
+        per_node.to_string(),
+    ];
     if attempt > 0 {
         args.push("--resume".into());
     }
@@ -199,8 +270,8 @@ pub fn job(tj: &TrainingJob, settings: &Settings, attempt: i32) -> Job {
             env: vec![
                 env("MASTER_ADDR", master),
                 env("MASTER_PORT", MASTER_PORT.to_string()),
-                env("WORLD_SIZE", spec.nodes.to_string()),
-                rank,
+                env("WORLD_SIZE", (spec.nodes * per_node).to_string()),
+                node_rank,
                 env("KART_STATUS_FILE", STATUS_FILE),
             ],
             mounts: vec![config_mount(), mount("checkpoints", &spec.checkpoint.mount_path, false)],
@@ -292,10 +363,10 @@ mod tests {
             j.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0].args.clone().unwrap()
         };
         assert_eq!(first.metadata.name.as_deref(), Some("run-trainer-0"));
-        assert_eq!(args(&first), ["train", "--config", "/etc/kart/config.json"]);
+        assert_eq!(args(&first), ["train", "--config", "/etc/kart/config.json", "--nproc-per-node", "8"]);
         let second = job(&tj, &Settings::default(), 1);
         assert_eq!(second.metadata.name.as_deref(), Some("run-trainer-1"));
-        assert_eq!(args(&second), ["train", "--config", "/etc/kart/config.json", "--resume"]);
+        assert_eq!(args(&second)[5..], ["--resume"]);
         let spec = first.spec.as_ref().unwrap();
         assert_eq!(
             (spec.backoff_limit, spec.completions, spec.completion_mode.as_deref()),
@@ -306,7 +377,7 @@ mod tests {
         assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
         let env = env_of(&first);
         assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
-        assert_eq!(env["WORLD_SIZE"], "1");
+        assert_eq!(env["WORLD_SIZE"], "8", "one node's 8 GPUs (its nvidia.com/gpu limit)");
         assert_eq!(env["KART_STATUS_FILE"], "/dev/termination-log");
     }
 
@@ -316,7 +387,12 @@ mod tests {
         let c = children(&tj).unwrap();
         let nodes = c.nodes_service.as_ref().unwrap();
         assert_eq!(nodes.metadata.name.as_deref(), Some("run-trainer-nodes"));
-        assert_eq!(nodes.spec.as_ref().unwrap().cluster_ip.as_deref(), Some("None"));
+        let service = nodes.spec.as_ref().unwrap();
+        assert_eq!(
+            (service.cluster_ip.as_deref(), service.publish_not_ready_addresses),
+            (Some("None"), Some(true)),
+            "node 0's name resolves before its readiness probe passes"
+        );
         let j = job(&tj, &Settings::default(), 2);
         let spec = j.spec.as_ref().unwrap();
         assert_eq!((spec.completions, spec.parallelism), (Some(4), Some(4)));
@@ -324,8 +400,14 @@ mod tests {
         let env = env_of(&j);
         assert_eq!(env["MASTER_ADDR"], "run-trainer-2-0.run-trainer-nodes");
         assert_eq!(env["MASTER_PORT"], "29500");
-        assert_eq!(env["WORLD_SIZE"], "4");
-        assert_eq!(env["RANK"], "fieldRef:metadata.annotations['batch.kubernetes.io/job-completion-index']");
+        assert_eq!(env["WORLD_SIZE"], "32", "4 nodes x 8 GPUs");
+        assert_eq!(
+            env["NODE_RANK"],
+            "fieldRef:metadata.annotations['batch.kubernetes.io/job-completion-index']"
+        );
+        assert!(!env.contains_key("RANK"), "the launcher gives each process its rank");
+        let container = &spec.template.spec.as_ref().unwrap().containers[0];
+        assert_eq!(container.args.as_ref().unwrap()[3..5], ["--nproc-per-node", "8"]);
         let labels = spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
         assert_eq!(labels[ATTEMPT], "2");
     }
@@ -341,5 +423,41 @@ mod tests {
         let mut tj = fixtures::training_job(1);
         tj.spec.nodes = 0;
         assert_eq!(validate(&tj).unwrap_err().to_string(), "spec.nodes = 0: must be at least 1");
+    }
+
+    #[test]
+    fn gpus_per_node_comes_from_the_spec_else_the_gpu_limit_else_one() {
+        let mut tj = fixtures::training_job(2);
+        assert_eq!((gpus_per_node(&tj).unwrap(), world_size(&tj).unwrap()), (8, 16));
+        tj.spec.gpus_per_node = Some(2);
+        assert_eq!((gpus_per_node(&tj).unwrap(), world_size(&tj).unwrap()), (2, 4));
+        tj.spec.gpus_per_node = None;
+        tj.spec.pod.resources = None;
+        assert_eq!(world_size(&tj).unwrap(), 2, "one process per pod without GPUs");
+        tj.spec.gpus_per_node = Some(0);
+        assert_eq!(validate(&tj).unwrap_err().to_string(), "spec.gpusPerNode = 0: must be at least 1");
+        tj.spec.gpus_per_node = None;
+        tj.spec.pod.resources =
+            serde_json::from_value(serde_json::json!({"limits": {"nvidia.com/gpu": "500m"}})).unwrap();
+        let error = validate(&tj).unwrap_err();
+        assert_eq!(
+            (error.field.as_str(), error.value.as_str()),
+            ("spec.pod.resources.limits[nvidia.com/gpu]", "500m")
+        );
+    }
+
+    #[test]
+    fn several_nodes_need_a_checkpoint_volume_they_can_all_mount() {
+        let mut tj = fixtures::training_job(2);
+        tj.spec.checkpoint.access_modes = vec!["ReadWriteOnce".into()];
+        assert_eq!(
+            validate(&tj).unwrap_err().to_string(),
+            "spec.checkpoint.accessModes = [\"ReadWriteOnce\"]: 2 nodes share the checkpoint volume: use ReadWriteMany"
+        );
+        tj.spec.nodes = 1;
+        assert!(validate(&tj).is_ok(), "one node may use a ReadWriteOnce volume");
+        tj.spec.nodes = 2;
+        tj.spec.checkpoint.existing_claim = Some("shared".into());
+        assert!(validate(&tj).is_ok(), "an existing claim's modes are the cluster's to check");
     }
 }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
     status = "TrainingJobStatus",
     doc = "A training run: `kart train` in a Job, with its config and a checkpoint volume.",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Ranks","type":"integer","jsonPath":".status.worldSize"}"#,
     printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.step"}"#,
     printcolumn = r#"{"name":"Reward","type":"number","jsonPath":".status.reward"}"#,
     printcolumn = r#"{"name":"EvalEM","type":"number","jsonPath":".status.evalEm"}"#,
@@ -60,10 +61,17 @@ pub struct TrainingJobSpec {
     /// A RolloutPool in the same namespace the run waits for and sends rollout requests to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout_pool_ref: Option<String>,
-    /// Trainer pods (an indexed Job with `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` and `RANK`).
+    /// Trainer pods (an indexed Job with `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` and
+    /// `NODE_RANK`). Several nodes need a `ReadWriteMany` checkpoint volume.
     #[serde(default = "one")]
     #[schemars(range(min = 1))]
     pub nodes: i32,
+    /// Trainer processes (ranks) per pod, one per GPU: each pod runs
+    /// `kart train --nproc-per-node <gpusPerNode>`. Default: the pod's `nvidia.com/gpu` limit, 1
+    /// without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub gpus_per_node: Option<i32>,
     /// Failed attempts restarted (each from the last checkpoint) before the run fails.
     #[serde(default = "default_backoff_limit")]
     #[schemars(range(min = 0))]
@@ -206,6 +214,9 @@ pub struct TrainingJobStatus {
     /// The last checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<String>,
+    /// Trainer processes of the run (nodes x gpusPerNode), as the trainer reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<i32>,
     /// Trainer Jobs started; every Job after the first resumes from the last checkpoint.
     #[serde(default)]
     pub attempts: i32,

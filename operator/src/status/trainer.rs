@@ -1,5 +1,5 @@
 //! The trainer's `/status` report (`{"phase", "step", "policy_version", "reward", "eval_em",
-//! "checkpoint"}`) and how the operator reads it.
+//! "checkpoint", "world_size"}`) and how the operator reads it.
 
 use serde::Deserialize;
 use std::future::Future;
@@ -21,6 +21,9 @@ pub struct TrainerReport {
     pub eval_em: Option<f64>,
     #[serde(default)]
     pub checkpoint: Option<String>,
+    /// Trainer processes of the run (0 from a trainer that predates data parallelism).
+    #[serde(default)]
+    pub world_size: Option<i32>,
 }
 
 /// A failed status fetch.

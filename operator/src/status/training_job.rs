@@ -10,7 +10,7 @@
 use super::Transition;
 use super::job::{JobOutcome, outcome};
 use super::trainer::TrainerReport;
-use crate::build::training_job::job_name;
+use crate::build::training_job::{job_name, world_size};
 use crate::crd::condition::{self, types};
 use crate::crd::training_job::{TrainingJob, TrainingJobPhase, TrainingJobStatus};
 use k8s_openapi::api::batch::v1::Job;
@@ -95,6 +95,7 @@ fn observe(tj: &TrainingJob, old: &TrainingJobStatus, observed: &Observed<'_>) -
         s.reward = r.reward.or(s.reward);
         s.eval_em = r.eval_em.or(s.eval_em);
         s.checkpoint = r.checkpoint.clone().or(s.checkpoint);
+        s.world_size = r.world_size.filter(|&w| w > 0).or(s.world_size);
     }
     s
 }
@@ -237,6 +238,7 @@ fn start(tj: &TrainingJob, plan: &mut Plan, reason: &str, now: &Time) {
     s.attempts += 1;
     s.job_name = Some(job_name(&tj.metadata.name.clone().unwrap_or_default(), attempt));
     s.start_time.get_or_insert_with(|| now.clone());
+    s.world_size = world_size(tj).ok();
     s.phase = TrainingJobPhase::Running;
     let message = if attempt == 0 {
         "the trainer starts".to_string()

@@ -6,8 +6,9 @@
 //!   other images fail to pull.
 //! - Process: the container's command (else the image's entrypoint `kart`) and args, in a fresh
 //!   environment: the image's, `HOSTNAME`, the container's variables (literal values and
-//!   `fieldRef`s), then the pod network's `KART_BIND_ADDRESS`, `HTTP_PROXY` and `NO_PROXY`
-//!   (see [`super::network`]); paths mapped and the working directory set by [`RootFs`]; output
+//!   `fieldRef`s; a Pod's DNS name becomes its address, and the Pod waits in `ContainerCreating`
+//!   until that Pod has one, as a process retries a lookup), then the pod network's
+//!   `KART_BIND_ADDRESS`, `HTTP_PROXY` and `NO_PROXY` (see [`super::network`]); paths mapped and the working directory set by [`RootFs`]; output
 //!   appended to the Pod's `log`.
 //! - Status: `Pending` with the reason while volumes cannot mount; `Running` with the Pod's
 //!   address; `Ready` from the readiness probe (HTTP GET on the Pod's address, at the probe's
@@ -19,7 +20,7 @@
 //! Not simulated: several containers, init containers, resources, security contexts, exec and TCP
 //! probes, `envFrom` and variables from Secrets or ConfigMaps.
 
-use super::network::Addresses;
+use super::network::{self, Addresses};
 use super::objects;
 use super::rootfs::RootFs;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
@@ -312,7 +313,7 @@ impl Kubelet {
     }
 
     /// Everything needed to run `pod`, or why it cannot start yet.
-    async fn prepare(&self, pod: &Pod) -> Result<Slot, Waiting> {
+    async fn prepare(&self, pod: &Pod, pods: &[Pod]) -> Result<Slot, Waiting> {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let spec = pod.spec.clone().unwrap_or_default();
@@ -346,6 +347,7 @@ impl Kubelet {
                 }
                 None => var.value.clone().unwrap_or_default(),
             };
+            let value = self.resolve(value, pod, ip, pods)?;
             set(&mut env, &var.name, rootfs.map(&value));
         }
         set(&mut env, kart_http::BIND_ADDRESS_ENV, ip.to_string());
@@ -380,6 +382,30 @@ impl Kubelet {
             reported: None,
             name,
         })
+    }
+
+    /// `value`, or the address of the Pod it names by DNS (`pod` itself has `ip`); waits while
+    /// that Pod has not started.
+    fn resolve(&self, value: String, pod: &Pod, ip: Ipv4Addr, pods: &[Pod]) -> Result<String, Waiting> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let Some((host, subdomain)) = network::pod_named(&value, namespace) else { return Ok(value) };
+        let named = |p: &Pod| {
+            p.metadata.namespace.as_deref() == Some(namespace)
+                && p.spec.as_ref().is_some_and(|s| {
+                    s.hostname.as_deref() == Some(host) && s.subdomain.as_deref() == Some(subdomain)
+                })
+        };
+        if named(pod) {
+            return Ok(ip.to_string());
+        }
+        let Some(target) = pods.iter().filter(|p| objects::is_active(p)).find(|p| named(p)) else {
+            return Ok(value);
+        };
+        let uid = target.metadata.uid.as_deref().unwrap_or_default();
+        match self.slots.lock().expect("slots lock").get(uid) {
+            Some(slot) => Ok(slot.ip.to_string()),
+            None => Err(("ContainerCreating", format!("{value} does not resolve yet"))),
+        }
     }
 
     /// Stops the process of a deleted Pod: SIGTERM, SIGKILL after the grace period.
@@ -429,7 +455,7 @@ impl Kubelet {
             if self.slots.lock().expect("slots lock").contains_key(&uid) {
                 continue;
             }
-            match self.prepare(pod).await {
+            match self.prepare(pod, &pods).await {
                 Ok(mut slot) => {
                     slot.start();
                     self.waiting.lock().expect("waiting lock").remove(&uid);

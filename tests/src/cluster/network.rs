@@ -4,6 +4,9 @@
 //!   (kart's servers take it from `KART_BIND_ADDRESS` in place of the `0.0.0.0` their configs
 //!   name), so Pods use the ports their specs declare without colliding (but a process of this
 //!   machine that listens on such a port on every address keeps Pods from binding it).
+//! - Pod DNS: an environment value that is a Pod's DNS name (`<hostname>.<subdomain>`, as a
+//!   headless Service publishes it, optionally followed by `.<namespace>.svc[.cluster.local]`)
+//!   becomes that Pod's address when the kubelet starts a process (see [`pod_named`]).
 //! - Services: an HTTP proxy plays cluster DNS and kube-proxy. Processes get `HTTP_PROXY` pointing
 //!   at it, and it sends a request for `http://<service>.<namespace>.svc[.cluster.local]:<port>/…`
 //!   to a ready endpoint of that Service: a running Pod its selector matches (ready, unless the
@@ -88,6 +91,16 @@ fn service_of(host: &str) -> Option<(&str, &str)> {
     let rest = host.strip_suffix(".svc")?;
     let (service, namespace) = rest.split_once('.')?;
     (!namespace.contains('.')).then_some((service, namespace))
+}
+
+/// The `(hostname, subdomain)` of a Pod DNS name in `namespace`, if `name` has that form.
+pub fn pod_named<'a>(name: &'a str, namespace: &str) -> Option<(&'a str, &'a str)> {
+    let name = name.strip_suffix(".cluster.local").unwrap_or(name);
+    let name =
+        name.strip_suffix(".svc").and_then(|n| n.strip_suffix(namespace)?.strip_suffix('.')).unwrap_or(name);
+    let (host, subdomain) = name.split_once('.')?;
+    let label = |l: &str| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    (label(host) && label(subdomain)).then_some((host, subdomain))
 }
 
 /// The pod port that Service port `port` targets on `pod`: a number, or a container port's name.
@@ -222,5 +235,15 @@ mod tests {
         assert_eq!(service_of("wiki-retriever"), None);
         assert_eq!(service_of("example.com"), None);
         assert_eq!(service_of("a.b.c.svc"), None);
+    }
+
+    #[test]
+    fn pod_names_resolve_in_their_namespace() {
+        assert_eq!(pod_named("run-0.nodes", "ml"), Some(("run-0", "nodes")));
+        assert_eq!(pod_named("run-0.nodes.ml.svc", "ml"), Some(("run-0", "nodes")));
+        assert_eq!(pod_named("run-0.nodes.ml.svc.cluster.local", "ml"), Some(("run-0", "nodes")));
+        assert_eq!(pod_named("run-0.nodes.other.svc", "ml"), None);
+        assert_eq!(pod_named("/etc/kart/config.json", "ml"), None);
+        assert_eq!(pod_named("127.0.0.1", "ml"), None);
     }
 }

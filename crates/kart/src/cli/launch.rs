@@ -3,7 +3,8 @@
 //! `MASTER_ADDR` and `MASTER_PORT`; with several nodes, `WORLD_SIZE` (all ranks) and `NODE_RANK`
 //! come from the environment (the operator sets them on each pod). SIGTERM and SIGINT are
 //! forwarded to the children; a child that fails stops the others, and the launcher exits with
-//! the first failure's code.
+//! the first failure's code. Children die with the launcher (even a SIGKILLed one), and without
+//! `OMP_NUM_THREADS` each gets an equal share of the node's cores.
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
@@ -94,13 +95,29 @@ fn free_port() -> anyhow::Result<u16> {
 pub fn run(nproc: NprocPerNode, args: Vec<OsString>) -> anyhow::Result<ExitCode> {
     let layout = Layout::from_env(nproc)?;
     let exe = std::env::current_exe().context("the kart binary's path")?;
-    tracing::info!(?layout, "starting trainer ranks");
+    let threads = std::env::var("OMP_NUM_THREADS").ok().unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        (cores / layout.nproc).max(1).to_string()
+    });
+    tracing::info!(?layout, threads, "starting trainer ranks");
     tokio::runtime::Runtime::new()?.block_on(async move {
         let mut children = Vec::new();
         for local in 0..layout.nproc {
             let rank = layout.node_rank * layout.nproc + local;
-            let child = Command::new(&exe)
+            let mut command = Command::new(&exe);
+            // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+            let child = command
                 .args(&args)
+                .env("OMP_NUM_THREADS", &threads)
                 .env("RANK", rank.to_string())
                 .env("LOCAL_RANK", local.to_string())
                 .env("WORLD_SIZE", layout.world_size.to_string())

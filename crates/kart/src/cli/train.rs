@@ -4,7 +4,7 @@
 //!
 //! In a data-parallel run (`RANK`, `WORLD_SIZE`, ... set, or `--nproc-per-node` starting the
 //! ranks) rank 0 does all of that; the other ranks follow its orders and compute their share of
-//! each update.
+//! each update, and the first rank of each other node answers its pod's probes.
 
 use anyhow::Context;
 use clap::Args;
@@ -41,6 +41,18 @@ pub struct TrainArgs {
     nproc_per_node: Option<super::launch::NprocPerNode>,
 }
 
+/// Serves `/healthz`, `/readyz` and `/metrics` at the config's address from a thread of its own.
+fn serve_probes(config: &TrainConfig, ready: Readiness) -> anyhow::Result<()> {
+    let addr = kart_http::bind_address(&config.host, config.port);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(&addr))
+        .with_context(|| format!("listen on {addr}"))?;
+    let app = kart_http::ops_routes(Registry::new(), ready);
+    std::thread::spawn(move || runtime.block_on(kart_http::serve(listener, app)));
+    Ok(())
+}
+
 /// How long a failed run waits for a termination signal before it reports the failure.
 const SIGNAL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -63,7 +75,14 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         config.port = port;
     }
     if !ranks.is_leader() {
-        let steps = Follower::build(config, args.resume, &ranks)?.run()?;
+        // The first rank of every other node answers its pod's probes; rank 0 serves the run.
+        let ready = Readiness::default();
+        if ranks.local_rank == 0 {
+            serve_probes(&config, ready.clone())?;
+        }
+        let follower = Follower::build(config, args.resume, &ranks)?;
+        ready.set(true);
+        let steps = follower.run()?;
         tracing::info!(rank = ranks.rank, steps, "rank finished");
         return Ok(ExitCode::SUCCESS);
     }
