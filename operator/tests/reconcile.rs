@@ -211,7 +211,11 @@ async fn training_waits_for_dependencies_runs_reports_and_finishes() {
         (Some("Ready"), Some(true))
     );
     assert_eq!(ret["status"]["documentsIndexed"], 21015324, "the count the index-build pod reported");
-    assert_eq!(job_args(&server, "run-trainer-0"), ["train", "--config", "/etc/kart/config.json"]);
+    assert_eq!(
+        job_args(&server, "run-trainer-0"),
+        ["train", "--config", "/etc/kart/config.json", "--nproc-per-node", "1"],
+        "one rank: the pod asks for no GPU"
+    );
     let config = server.get("/v1/configmaps", NS, "run-trainer").unwrap();
     let config: Value = serde_json::from_str(config["data"]["config.json"].as_str().unwrap()).unwrap();
     assert_eq!(config["rollout"]["urls"], json!(["http://pool-rollout.ml.svc:8001"]));
@@ -239,6 +243,7 @@ async fn training_waits_for_dependencies_runs_reports_and_finishes() {
     .await;
     assert_eq!((t["status"]["reward"].as_f64(), t["status"]["evalEm"].as_f64()), (Some(0.5), Some(0.25)));
     assert_eq!(t["status"]["step"], 5, "the final step comes from rank 0's termination message");
+    assert_eq!(t["status"]["worldSize"], 1, "one pod of one rank");
     assert!(
         t["status"]["conditions"]
             .as_array()
@@ -309,7 +314,7 @@ async fn api_errors_are_retried_failures_resume_and_a_restart_is_idempotent() {
     eventually("the resumed attempt", || async { server.get("batch/v1/jobs", NS, "run-trainer-1") }).await;
     assert_eq!(
         job_args(&server, "run-trainer-1"),
-        ["train", "--config", "/etc/kart/config.json", "--resume"]
+        ["train", "--config", "/etc/kart/config.json", "--nproc-per-node", "1", "--resume"]
     );
     let t = eventually("the failure in the status", || async {
         let t = tj(&client).await;

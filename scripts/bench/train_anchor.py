@@ -1,26 +1,37 @@
-"""The anchor of `kart bench train`: one GRPO optimisation step in PyTorch, as verl's actor runs it.
+"""The anchor of `kart bench train`: GRPO optimisation steps in PyTorch, as verl's actor runs them,
+on one process or data-parallel under torchrun (DistributedDataParallel over Gloo on the CPU,
+NCCL on CUDA).
 
-Usage: train_anchor.py MODEL_DIR. Loads the folder twice (the policy and the frozen reference; f32,
-CPU, torch's default threads), prints one JSON line {"threads", "torch", "transformers"}, then
-answers each request line with one JSON line:
+Usage: torchrun --nproc-per-node N train_anchor.py MODEL_DIR BATCH_JSON STEPS OUT_JSON DEVICE
+
+Every rank loads MODEL_DIR twice (the policy and the frozen reference; f32, OMP_NUM_THREADS
+threads) and reads the global batch
 
   {"input_ids": [[int]], "prompt_len": int, "rewards": [float], "groups": [int]}
-      -> {"seconds": float, "loss": float, "pg_loss": float, "kl": float, "entropy": float}
 
-A step: GRPO advantages (group mean and unbiased std, epsilon 1e-6) on the response tokens; old
-log-probabilities and the entropy (logged, as verl does from this pass) and reference
-log-probabilities without gradients; the policy's log-probabilities with gradients;
-the PPO-clip loss (clip 0.2, dual clip 3) and the low-variance KL loss (coefficient 0.001), both
-token means; backward; gradient clipping at norm 1; AdamW (lr 1e-6, weight decay 0.01).
-Log-probabilities come from the full logits sliced to the response, as verl computes them.
+of which rank r computes rows r, r + N, ...; then it runs 1 + STEPS steps, each timed from a
+barrier to the end of the optimiser step, and rank 0 writes OUT_JSON:
+
+  {"threads", "torch", "transformers", "steps": [{"seconds", "entropy", "kl"}]}
+
+A step: GRPO advantages of the whole batch (group mean and unbiased std, epsilon 1e-6) on the
+response tokens; old log-probabilities and the entropy (logged, as verl does from this pass) and
+reference log-probabilities without gradients; the policy's log-probabilities with gradients
+(through DDP); the PPO-clip loss (clip 0.2, dual clip 3) and the low-variance KL loss
+(coefficient 0.001), both means over the tokens of the whole batch; backward (DDP averages the
+gradients); gradient clipping at norm 1; AdamW (lr 1e-6, weight decay 0.01). Log-probabilities
+come from the full logits sliced to the response, as verl computes them.
 """
 
 import json
+import os
 import sys
 import time
 
 import torch
+import torch.distributed as dist
 import transformers
+from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM
 
 
@@ -45,42 +56,75 @@ def grpo_advantages(rewards, groups):
     return advantages
 
 
-def step(policy, reference, optimizer, request):
-    ids = torch.tensor(request["input_ids"])
-    start = request["prompt_len"] - 1
-    advantages = grpo_advantages(request["rewards"], request["groups"])[:, None]
+def step(policy, trained, reference, optimizer, batch, rank, world, device):
+    rows = slice(rank, None, world)
+    all_ids = torch.tensor(batch["input_ids"])
+    ids = all_ids[rows].to(device)
+    start = batch["prompt_len"] - 1
+    advantages = grpo_advantages(batch["rewards"], batch["groups"])[rows, None].to(device)
+    # Means over the whole batch's tokens: each rank's sums over its own, times the world size
+    # that DDP's gradient average divides by.
+    tokens = all_ids.shape[0] * (all_ids.shape[1] - 1 - start)
+    scale = world / tokens
     with torch.no_grad():
         old, entropy = logprobs(policy, ids, start, with_entropy=True)
         ref = logprobs(reference, ids, start)
-    new = logprobs(policy, ids, start)
+    new = logprobs(trained, ids, start)
     ratio = torch.exp(torch.clamp(new - old, -20.0, 20.0))
     clipped = torch.maximum(-advantages * ratio, -advantages * torch.clamp(ratio, 0.8, 1.2))
     token_loss = torch.where(advantages < 0, torch.minimum(-advantages * 3.0, clipped), clipped)
-    pg_loss = token_loss.mean()
+    pg_loss = token_loss.sum() * scale
     d = torch.clamp(ref - new, -20.0, 20.0)
-    kl = torch.clamp(torch.exp(d) - d - 1, -10.0, 10.0).mean()
+    kl = torch.clamp(torch.exp(d) - d - 1, -10.0, 10.0).sum() * scale
     loss = pg_loss + 0.001 * kl
     loss.backward()
     torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss.item(), "pg_loss": pg_loss.item(), "kl": kl.item(), "entropy": entropy.mean().item()}
+    logged = torch.stack([entropy.sum() / tokens, kl.detach() / world])
+    if world > 1:
+        dist.all_reduce(logged)
+    return {"entropy": logged[0].item(), "kl": logged[1].item()}
 
 
-def main(model_dir):
+def main(model_dir, batch_path, steps, out, device_kind):
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if device_kind == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     transformers.utils.logging.disable_progress_bar()
-    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     policy.train()
     reference.eval().requires_grad_(False)
+    trained = DistributedDataParallel(policy, device_ids=[device] if device.type == "cuda" else None) if world > 1 else policy
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    versions = {"threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__}
-    print(json.dumps(versions), flush=True)
-    for line in sys.stdin:
+    with open(batch_path) as f:
+        batch = json.load(f)
+    stepped = []
+    for _ in range(1 + int(steps)):
+        if world > 1:
+            dist.barrier()
         begin = time.perf_counter()
-        reply = step(policy, reference, optimizer, json.loads(line))
+        reply = step(policy, trained, reference, optimizer, batch, rank, world, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         reply["seconds"] = time.perf_counter() - begin
-        print(json.dumps(reply), flush=True)
+        stepped.append(reply)
+    if rank == 0:
+        report = {
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "steps": stepped,
+        }
+        with open(out, "w") as f:
+            json.dump(report, f)
+    if world > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

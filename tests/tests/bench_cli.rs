@@ -1,12 +1,12 @@
-//! `kart bench` as a developer runs it: quick runs of the model and rollout benchmarks report their
-//! figures, and a missing anchor environment is reported with the way to install it.
+//! `kart bench` as a developer runs it: quick runs of the model, train and rollout benchmarks
+//! report their figures, and a missing anchor environment is reported with the way to install it.
 
 use kart_tests::{binary, repo_root};
 use serde_json::Value;
 use std::process::Command;
 
-#[test]
-fn quick_model_bench_reports_every_metric() {
+/// The venv's Python when it has the anchors' packages.
+fn anchor_python() -> Option<std::path::PathBuf> {
     let python = repo_root().join(".venv/bin/python");
     let has_transformers = Command::new(&python)
         .args(["-c", "import torch, transformers"])
@@ -14,22 +14,34 @@ fn quick_model_bench_reports_every_metric() {
         .is_ok_and(|output| output.status.success());
     if !has_transformers {
         eprintln!("skipping: {} cannot import torch and transformers", python.display());
-        return;
     }
-    let json = std::env::temp_dir().join(format!("kart-bench-model-{}.json", std::process::id()));
+    has_transformers.then_some(python)
+}
+
+/// `kart bench <args> --quick` with the anchor run by `python`: its output and JSON report.
+fn quick_bench(python: &std::path::Path, args: &[&str]) -> (String, Value) {
+    let json = std::env::temp_dir().join(format!("kart-bench-{}-{}.json", args[0], std::process::id()));
     let output = Command::new(binary("kart"))
-        .args(["bench", "model", "--quick", "--json"])
+        .arg("bench")
+        .args(args)
+        .args(["--quick", "--json"])
         .arg(&json)
         .arg("--python")
-        .arg(&python)
+        .arg(python)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    assert!(stdout.contains("met?") && stdout.contains("train step"), "{stdout}");
-
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).unwrap();
+    (stdout, report)
+}
+
+#[test]
+fn quick_model_bench_reports_every_metric() {
+    let Some(python) = anchor_python() else { return };
+    let (stdout, report) = quick_bench(&python, &["model"]);
+    assert!(stdout.contains("met?") && stdout.contains("train step"), "{stdout}");
     let rows = report["rows"].as_array().unwrap();
     let metrics: Vec<&str> = rows.iter().map(|row| row["metric"].as_str().unwrap()).collect();
     assert_eq!(
@@ -51,6 +63,44 @@ fn quick_model_bench_reports_every_metric() {
     let (kart, anchor) =
         (report["loss"]["kart"].as_f64().unwrap(), report["loss"]["anchor"].as_f64().unwrap());
     assert!((kart - anchor).abs() < 1e-4, "loss: kart {kart}, transformers {anchor}");
+}
+
+#[test]
+fn quick_train_bench_on_two_ranks_matches_ddp_and_reports_the_scaling() {
+    let Some(python) = anchor_python() else { return };
+    let (stdout, report) = quick_bench(&python, &["train", "--ranks", "2", "--peak-tflops", "1"]);
+    assert!(stdout.contains("scaling efficiency") && stdout.contains("MFU kart"), "{stdout}");
+    let metrics: Vec<&str> =
+        report["rows"].as_array().unwrap().iter().map(|r| r["metric"].as_str().unwrap()).collect();
+    assert_eq!(metrics, ["GRPO step, 2 rank(s) (s)", "GRPO step, 1 rank(s) (s)"]);
+    // kart's 2 ranks over c10d, torch's DDP and both single ranks computed the same steps.
+    let pairs = report["pairs"].as_array().unwrap();
+    let figure =
+        |pair: &Value, side: &str, step: usize, key: &str| pair[side]["steps"][step][key].as_f64().unwrap();
+    let entropy = figure(&pairs[0], "kart", 0, "entropy");
+    let kl = figure(&pairs[0], "kart", 1, "kl");
+    assert!(kl > 0.0, "the policy moved from the reference: {report}");
+    for pair in pairs {
+        let share = (std::thread::available_parallelism().unwrap().get() / 2).max(1);
+        assert_eq!(pair["kart"]["threads"], share, "each rank gets an equal share of the cores");
+        for side in ["kart", "torch"] {
+            assert!((figure(pair, side, 0, "entropy") - entropy).abs() < 1e-5, "{report}");
+            assert!((figure(pair, side, 1, "kl") - kl).abs() < 1e-3 * kl, "{report}");
+        }
+    }
+    let [kart, torch] = [0, 1].map(|i| report["scaling_efficiency"][i].as_f64().unwrap());
+    assert!(kart > 0.0 && torch > 0.0, "{report}");
+}
+
+#[test]
+fn train_bench_on_cuda_without_a_gpu_says_so() {
+    let output = Command::new(binary("kart"))
+        .args(["bench", "train", "--quick", "--device", "cuda"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--device cuda --ranks 1: 0 CUDA devices are visible"), "{stderr}");
 }
 
 #[test]

@@ -674,11 +674,7 @@ fn write_eval(r: &mut StepRecord, evaluation: &Evaluation) {
 
 /// The learner of this rank, on its device (`device` at its local rank), joined to the other
 /// ranks of a data-parallel run.
-pub(crate) fn learner(
-    config: &TrainConfig,
-    loaded: Option<&Loaded>,
-    ranks: &Ranks,
-) -> Result<Learner, TrainError> {
+pub fn learner(config: &TrainConfig, loaded: Option<&Loaded>, ranks: &Ranks) -> Result<Learner, TrainError> {
     let device = kart_torch::choose("trainer", "device", config.device, ranks.local_rank)?;
     let mut learner = Learner::load(config, loaded, device)?;
     if ranks.world_size > 1 {

@@ -10,7 +10,6 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use std::ffi::OsString;
-use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 use tokio::process::{Child, Command};
@@ -90,15 +89,19 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Starts `nproc` children running `kart` with `args`, supervises them, and returns the run's
-/// exit code.
-pub fn run(nproc: NprocPerNode, args: Vec<OsString>) -> anyhow::Result<ExitCode> {
+/// Starts `nproc` children running `kart` with `args` and `threads` CPU threads each (default:
+/// `OMP_NUM_THREADS`, else an equal share of the cores), supervises them, and returns the run's
+/// exit code (0 when every child succeeded).
+pub fn run(nproc: NprocPerNode, args: Vec<OsString>, threads: Option<usize>) -> anyhow::Result<u8> {
     let layout = Layout::from_env(nproc)?;
     let exe = std::env::current_exe().context("the kart binary's path")?;
-    let threads = std::env::var("OMP_NUM_THREADS").ok().unwrap_or_else(|| {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        (cores / layout.nproc).max(1).to_string()
-    });
+    let threads = match threads {
+        Some(n) => n.to_string(),
+        None => std::env::var("OMP_NUM_THREADS").ok().unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, usize::from);
+            (cores / layout.nproc).max(1).to_string()
+        }),
+    };
     tracing::info!(?layout, threads, "starting trainer ranks");
     tokio::runtime::Runtime::new()?.block_on(async move {
         let mut children = Vec::new();
@@ -135,7 +138,7 @@ pub fn run(nproc: NprocPerNode, args: Vec<OsString>) -> anyhow::Result<ExitCode>
 }
 
 /// Waits for the children: the first failure (or a signal to the launcher) stops the others.
-async fn supervise(children: Vec<(usize, Child)>) -> ExitCode {
+async fn supervise(children: Vec<(usize, Child)>) -> u8 {
     let pids: Vec<(usize, Option<u32>)> = children.iter().map(|(r, c)| (*r, c.id())).collect();
     let mut waits: FuturesUnordered<_> =
         children.into_iter().map(|(rank, mut child)| async move { (rank, child.wait().await) }).collect();
@@ -168,10 +171,7 @@ async fn supervise(children: Vec<(usize, Child)>) -> ExitCode {
             }
         }
     }
-    match failure {
-        Some(code) => ExitCode::from(code),
-        None => ExitCode::SUCCESS,
-    }
+    failure.unwrap_or(0)
 }
 
 /// Sends SIGTERM to the children still running, and SIGKILL to those still there after

@@ -65,7 +65,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         if let Some(port) = args.port {
             child.extend(["--port".into(), port.to_string().into()]);
         }
-        return super::launch::run(nproc, child);
+        return Ok(ExitCode::from(super::launch::run(nproc, child, None)?));
     }
     let ranks = Ranks::from_env()?;
     let path = args.config.display().to_string();

@@ -1,34 +1,50 @@
-//! `kart bench train`: time per GRPO optimisation step against the same step in PyTorch.
+//! `kart bench train`: time per GRPO optimisation step against the same step in PyTorch, on one
+//! process or data-parallel over several.
 //!
 //! Both sides load the same random Qwen2 folder (the model of `kart bench model`) twice, as the
-//! policy and the frozen reference, and run identical steps on the same batch: GRPO advantages,
-//! old and reference log-probabilities without gradients, the policy's with gradients, the
-//! PPO-clip and low-variance KL losses (token means), backward, gradient clipping and AdamW. kart
-//! runs its trainer's [`Learner::step`]; the anchor (`scripts/bench/train_anchor.py`) writes the
-//! step in torch over a transformers model, slicing the full logits to the response as verl does.
-//! The two take turns; the mean of the timed steps after a warm-up step is reported, with each
-//! side's first entropy and last KL to the reference as the check that they computed the same.
+//! policy and the frozen reference, and run identical steps on the same global batch: GRPO
+//! advantages, old and reference log-probabilities without gradients, the policy's with gradients,
+//! the PPO-clip and low-variance KL losses (token means over the batch), backward, gradient
+//! clipping and AdamW. kart runs its trainer's learner ([`learner`], [`Learner::step`]); the
+//! anchor (`scripts/bench/train_anchor.py`) writes the step in torch over a transformers model,
+//! slicing the full logits to the response as verl does.
+//!
+//! With `--ranks N` kart's ranks are started by its launcher (that of `kart train
+//! --nproc-per-node`) and all-reduce over c10d, PyTorch's by torchrun under
+//! DistributedDataParallel; each rank computes its share of the batch (Gloo on the CPU, NCCL on
+//! CUDA). Every rank gets `cores / N` threads, and both sides run again on one rank with as many:
+//! the scaling efficiency is `t1 / (N x tN)`. Each side runs as fresh processes (kart N, torch N,
+//! torch 1, kart 1), timing a warm-up step and then `--steps` steps, each from a barrier to the
+//! end of the optimiser step; the mean of the timed steps is reported, with each side's first
+//! entropy and last KL to the reference as the check that they computed the same.
 
-use super::anchor::{Anchor, AnchorArgs, Row, check_python, take_turns};
+use super::anchor::{AnchorArgs, Row, check_python};
 use super::model::{FULL_SIZES, parameter_count, random_model};
-use anyhow::Context;
+use crate::cli::launch::{self, NprocPerNode};
+use anyhow::{Context, bail};
 use kart_core::agent::trajectory::Trajectory;
-use kart_core::config::train::TrainConfig;
-use kart_core::config::train::{BatchConfig, OptimConfig};
-use kart_model::{CausalLm, QwenSizes};
+use kart_core::config::train::{BatchConfig, Device, OptimConfig, TrainConfig};
+use kart_model::QwenSizes;
+use kart_torch::Ranks;
 use kart_train::batch::Sample;
-use kart_train::optim::AdamW;
 use kart_train::record::{Key, keys};
+use kart_train::trainer::learner;
+#[cfg(doc)]
 use kart_train::update::Learner;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-use std::process::ExitCode;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
 use std::time::Instant;
-use tch::Device;
 
 const ANCHOR: &str = include_str!("../../../../../scripts/bench/train_anchor.py");
+
+/// The files a benchmark run shares with its ranks.
+const BATCH: &str = "batch.json";
+const MODEL: &str = "model";
+const KART_OUT: &str = "kart.json";
+const TORCH_OUT: &str = "torch.json";
 
 /// Benchmark a GRPO training step against PyTorch on a random ~50M-parameter Qwen2 model.
 #[derive(Debug, clap::Args)]
@@ -36,8 +52,29 @@ pub struct Args {
     /// Timed steps per side (their mean is reported) [default: 3, 1 with --quick].
     #[arg(long)]
     steps: Option<usize>,
+    /// Data-parallel ranks per side (kart's launcher against torchrun and DDP); with more than
+    /// one, both sides also run on one rank for the scaling efficiency.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    ranks: u16,
+    /// Where both sides compute: `cpu`, or `cuda` (rank r on GPU r).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: Device,
+    /// Peak dense f32 TFLOP/s of one rank's device, for the model FLOPs utilisation (MFU).
+    #[arg(long)]
+    peak_tflops: Option<f64>,
+    /// One rank of kart's side, in the folder the benchmark prepared (started by the benchmark).
+    #[arg(long, hide = true)]
+    worker: Option<PathBuf>,
     #[command(flatten)]
     anchor: AnchorArgs,
+}
+
+fn parse_device(s: &str) -> Result<Device, String> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda),
+        other => Err(format!("`{other}` is neither `cpu` nor `cuda`")),
+    }
 }
 
 /// The model and batch.
@@ -61,6 +98,7 @@ impl Workload {
         response_tokens: 384,
     };
 
+    /// The shape of the fixture model (tiny-qwen2).
     const QUICK: Workload = Workload {
         sizes: QwenSizes {
             vocab_size: 1024,
@@ -79,16 +117,67 @@ impl Workload {
         prompt_tokens: 8,
         response_tokens: 24,
     };
+
+    /// A random global batch of this shape.
+    fn batch(&self, seed: u64) -> Batch {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let vocab = self.sizes.vocab_size as i64;
+        let n = self.groups * self.group_size;
+        let len = self.prompt_tokens + self.response_tokens;
+        Batch {
+            input_ids: (0..n).map(|_| (0..len).map(|_| rng.random_range(3..vocab)).collect()).collect(),
+            rewards: (0..n).map(|_| f64::from(rng.random_range(0..2u8))).collect(),
+            groups: (0..n).map(|i| i / self.group_size).collect(),
+            prompt_len: self.prompt_tokens,
+        }
+    }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct AnchorInfo {
-    threads: i64,
-    torch: String,
-    transformers: String,
+/// The global batch both sides train on (the anchor reads the same JSON).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Batch {
+    input_ids: Vec<Vec<i64>>,
+    prompt_len: usize,
+    rewards: Vec<f64>,
+    groups: Vec<usize>,
 }
 
-#[derive(Debug, Deserialize)]
+impl Batch {
+    fn tokens(&self) -> usize {
+        self.input_ids.iter().map(Vec::len).sum()
+    }
+
+    /// The trajectories as the trainer's samples.
+    fn samples(&self) -> anyhow::Result<Vec<Sample>> {
+        let mut samples = Vec::with_capacity(self.input_ids.len());
+        for ((ids, &reward), &group) in self.input_ids.iter().zip(&self.rewards).zip(&self.groups) {
+            let ids: Vec<u32> = ids.iter().map(|&t| u32::try_from(t)).collect::<Result<_, _>>()?;
+            let (prompt, response) = ids.split_at(self.prompt_len);
+            let mut t = Trajectory::new(format!("t{group}"), format!("p{group}"), prompt);
+            t.push_model(response, &vec![-1.0; response.len()], 0)?;
+            t.reward = reward;
+            samples.push(Sample::new(&t, group, true));
+        }
+        Ok(samples)
+    }
+
+    /// The trainer's config for one step over the whole batch as one mini-batch (lr 1e-6).
+    fn config(&self, model: PathBuf, device: Device) -> TrainConfig {
+        let n = self.input_ids.len();
+        let prompts = self.groups.iter().max().map_or(1, |g| g + 1);
+        TrainConfig {
+            model,
+            device,
+            batch: BatchConfig { prompts, n: n / prompts, mini_batch_prompts: prompts, micro_batch_size: n },
+            optim: OptimConfig { lr: 1e-6, ..OptimConfig::default() },
+            total_steps: 1_000,
+            ..TrainConfig::default()
+        }
+    }
+}
+
+/// One timed step of one side.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Stepped {
     seconds: f64,
     /// Mean entropy of the policy over the response (from the old-log-probability pass).
@@ -97,114 +186,246 @@ struct Stepped {
     kl: f64,
 }
 
+/// What rank 0 of a side writes: its threads per rank, versions, and the warm-up step followed
+/// by the timed ones.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Run {
+    threads: i64,
+    #[serde(default)]
+    torch: String,
+    #[serde(default)]
+    transformers: String,
+    steps: Vec<Stepped>,
+}
+
+impl Run {
+    /// Mean seconds of the timed steps.
+    fn seconds(&self) -> f64 {
+        let timed = &self.steps[1..];
+        timed.iter().map(|s| s.seconds).sum::<f64>() / timed.len() as f64
+    }
+}
+
+/// Both sides on one rank count.
+#[derive(Debug, Serialize)]
+struct Pair {
+    ranks: usize,
+    kart: Run,
+    torch: Run,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     parameters: i64,
-    threads: i64,
-    anchor: AnchorInfo,
+    device: Device,
+    tokens: usize,
+    /// Model FLOPs of one step: 10 x parameters x tokens (two forward passes without gradients,
+    /// one with, and its backward); attention's quadratic term is not counted.
+    flops: f64,
+    pairs: Vec<Pair>,
     rows: Vec<Row>,
-    /// Each side's entropy at the first (warm-up) step: the same weights and batch.
-    first_entropy: (f64, f64),
-    /// Each side's KL to the reference at the last step, after the same number of updates.
-    last_kl: (f64, f64),
+    /// kart's and torch's `t1 / (N x tN)`, with more than one rank.
+    scaling_efficiency: Option<(f64, f64)>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let w = if args.anchor.quick { Workload::QUICK } else { Workload::FULL };
     let steps = args.anchor.or(args.steps, 3, 1);
+    if let Some(dir) = &args.worker {
+        worker(dir, steps, args.device)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let w = if args.anchor.quick { Workload::QUICK } else { Workload::FULL };
+    let ranks = usize::from(args.ranks);
+    if args.device == Device::Cuda && tch::Cuda::device_count() < i64::from(args.ranks) {
+        bail!("--device cuda --ranks {ranks}: {} CUDA devices are visible", tch::Cuda::device_count());
+    }
     let python = args.anchor.python();
     check_python(&python, "torch, transformers")?;
     let work = tempfile::tempdir().context("creating a temporary folder")?;
-    let model_dir = work.path().join("model");
-    let (policy, _) = random_model(&model_dir, w.sizes, w.tokenizer_vocab, args.anchor.seed)?;
+    let (policy, _) = random_model(&work.path().join(MODEL), w.sizes, w.tokenizer_vocab, args.anchor.seed)?;
     let parameters = parameter_count(&policy);
-
-    let mut rng = ChaCha8Rng::seed_from_u64(args.anchor.seed);
-    let vocab = w.sizes.vocab_size as u32;
-    let n = w.groups * w.group_size;
-    let rows: Vec<Vec<u32>> = (0..n)
-        .map(|_| (0..w.prompt_tokens + w.response_tokens).map(|_| rng.random_range(3..vocab)).collect())
-        .collect();
-    let rewards: Vec<f64> = (0..n).map(|_| f64::from(rng.random_range(0..2u8))).collect();
-    let groups: Vec<usize> = (0..n).map(|i| i / w.group_size).collect();
-    let samples: Vec<Sample> = rows
+    drop(policy);
+    let batch = w.batch(args.anchor.seed);
+    std::fs::write(work.path().join(BATCH), serde_json::to_vec(&batch)?)?;
+    std::fs::write(work.path().join("train_anchor.py"), ANCHOR)?;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads = (cores / ranks).max(1);
+    let tokens = batch.tokens();
+    eprintln!(
+        "kart bench train: {:.1}M parameters, {} x {} tokens, {ranks} rank(s) of {threads} thread(s) on {:?}",
+        parameters as f64 / 1e6,
+        batch.input_ids.len(),
+        w.prompt_tokens + w.response_tokens,
+        args.device
+    );
+    let sides = Sides { dir: work.path(), python: &python, steps, device: args.device, threads };
+    let mut pairs = vec![];
+    for (i, n) in [ranks, 1].into_iter().take(if ranks > 1 { 2 } else { 1 }).enumerate() {
+        let (kart, torch) = if i % 2 == 0 {
+            let kart = sides.kart(n)?;
+            (kart, sides.torch(n)?)
+        } else {
+            let torch = sides.torch(n)?;
+            (sides.kart(n)?, torch)
+        };
+        pairs.push(Pair { ranks: n, kart, torch });
+    }
+    let flops = 10.0 * parameters as f64 * tokens as f64;
+    let rows = pairs
         .iter()
-        .zip(&rewards)
-        .zip(&groups)
-        .map(|((ids, &reward), &group)| {
-            let mut t = Trajectory::new(format!("t{group}"), format!("p{group}"), &ids[..w.prompt_tokens]);
-            t.push_model(&ids[w.prompt_tokens..], &vec![-1.0; w.response_tokens], 0).expect("equal lengths");
-            t.reward = reward;
-            Sample::new(&t, group, true)
+        .map(|p| {
+            Row::at_most(
+                format!("GRPO step, {} rank(s) (s)", p.ranks),
+                p.kart.seconds(),
+                p.torch.seconds(),
+                1.0,
+            )
         })
         .collect();
-    let config = TrainConfig {
-        batch: BatchConfig {
-            prompts: w.groups,
-            n: w.group_size,
-            mini_batch_prompts: w.groups,
-            micro_batch_size: n,
-        },
-        optim: OptimConfig { lr: 1e-6, ..OptimConfig::default() },
-        total_steps: 1_000,
-        ..TrainConfig::default()
-    };
-    let mut reference = CausalLm::load(&model_dir, Device::Cpu)?;
-    reference.var_store_mut().freeze();
-    let optimizer = AdamW::new(policy.named_tensors(), config.optim.clone());
-    let mut learner = Learner { policy, optimizer, reference: Some(reference), critic: None, parallel: None };
-
-    let ids: Vec<Vec<i64>> = rows.iter().map(|r| r.iter().map(|&t| i64::from(t)).collect()).collect();
-    let request =
-        json!({"input_ids": ids, "prompt_len": w.prompt_tokens, "rewards": rewards, "groups": groups});
-    let (mut anchor, info): (_, AnchorInfo) =
-        Anchor::start(&python, work.path(), "train_anchor.py", ANCHOR, &[model_dir.as_os_str()])?;
-    eprintln!(
-        "kart bench train: {:.1}M parameters, {n} x {} tokens; kart and torch {} take turns",
-        parameters as f64 / 1e6,
-        w.prompt_tokens + w.response_tokens,
-        info.torch
-    );
-    let mut kart_step = || -> anyhow::Result<Stepped> {
-        let mut batch = samples.clone();
-        let start = Instant::now();
-        let record = learner.step(&mut batch, &config, 0)?;
-        let seconds = start.elapsed().as_secs_f64();
-        let get = |key: &Key| record.get(key).unwrap_or(f64::NAN);
-        Ok(Stepped { seconds, entropy: get(&keys::ACTOR_ENTROPY), kl: get(&keys::ACTOR_KL) })
-    };
-    let first = (kart_step()?.entropy, anchor.call::<Stepped>(&request)?.entropy);
-    let (ours, theirs) = take_turns(steps, &mut kart_step, || anchor.call::<Stepped>(&request))?;
-    let mean = |s: &[Stepped]| s.iter().map(|s| s.seconds).sum::<f64>() / s.len() as f64;
-    let report = Report {
-        parameters,
-        threads: i64::from(tch::get_num_threads()),
-        anchor: info,
-        rows: vec![Row::at_most("GRPO step (s)".into(), mean(&ours), mean(&theirs), 1.0)],
-        first_entropy: first,
-        last_kl: (ours[steps - 1].kl, theirs[steps - 1].kl),
-    };
-    println!(
-        "model: Qwen2, {:.1}M parameters, f32 on the CPU; batch {n} x {} tokens ({} prompt); threads: kart {}, torch {}",
-        parameters as f64 / 1e6,
-        w.prompt_tokens + w.response_tokens,
-        w.prompt_tokens,
-        report.threads,
-        report.anchor.threads
-    );
-    println!("{:<20} {:>10} {:>10} {:>7} {:>8}  met?", "metric", "kart", "torch", "ratio", "target");
-    for row in &report.rows {
-        let met = if row.met { "yes" } else { "no" };
-        println!(
-            "{:<20} {:>10.3} {:>10.3} {:>6.2}x {:>8}  {met}",
-            row.metric, row.kart, row.anchor, row.ratio, row.target
-        );
-    }
-    println!("first-step entropy: kart {:.6}, torch {:.6}", first.0, first.1);
-    println!("last-step KL to the reference: kart {:.3e}, torch {:.3e}", report.last_kl.0, report.last_kl.1);
+    let scaling_efficiency = (pairs.len() == 2).then(|| {
+        let efficiency = |n: &Run, one: &Run| one.seconds() / (ranks as f64 * n.seconds());
+        (efficiency(&pairs[0].kart, &pairs[1].kart), efficiency(&pairs[0].torch, &pairs[1].torch))
+    });
+    let report = Report { parameters, device: args.device, tokens, flops, pairs, rows, scaling_efficiency };
+    print_report(&report, &w, args.peak_tflops);
     if let Some(path) = &args.anchor.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn print_report(report: &Report, w: &Workload, peak_tflops: Option<f64>) {
+    let first = &report.pairs[0];
+    println!(
+        "model: Qwen2, {:.1}M parameters, f32 on {:?}; batch {} x {} tokens ({} prompt); threads per rank: kart {}, torch {} ({})",
+        report.parameters as f64 / 1e6,
+        report.device,
+        w.groups * w.group_size,
+        w.prompt_tokens + w.response_tokens,
+        w.prompt_tokens,
+        first.kart.threads,
+        first.torch.threads,
+        first.torch.torch,
+    );
+    println!("{:<26} {:>10} {:>10} {:>7} {:>8}  met?", "metric", "kart", "torch", "ratio", "target");
+    for row in &report.rows {
+        let met = if row.met { "yes" } else { "no" };
+        println!(
+            "{:<26} {:>10.3} {:>10.3} {:>6.2}x {:>8}  {met}",
+            row.metric, row.kart, row.anchor, row.ratio, row.target
+        );
+    }
+    for pair in &report.pairs {
+        let rate = |r: &Run| report.tokens as f64 / r.seconds();
+        let (kart, torch) = (rate(&pair.kart), rate(&pair.torch));
+        print!("{} rank(s): tokens/s kart {kart:.0}, torch {torch:.0}", pair.ranks);
+        if let Some(peak) = peak_tflops {
+            let mfu = |r: &Run| report.flops / r.seconds() / (peak * 1e12 * pair.ranks as f64);
+            print!("; MFU kart {:.1}%, torch {:.1}%", 100.0 * mfu(&pair.kart), 100.0 * mfu(&pair.torch));
+        }
+        println!();
+        let last = |r: &Run| r.steps.last().map_or(f64::NAN, |s| s.kl);
+        println!(
+            "  first-step entropy: kart {:.6}, torch {:.6}; last-step KL to the reference: kart {:.3e}, torch {:.3e}",
+            pair.kart.steps[0].entropy,
+            pair.torch.steps[0].entropy,
+            last(&pair.kart),
+            last(&pair.torch)
+        );
+    }
+    if let Some((kart, torch)) = report.scaling_efficiency {
+        println!(
+            "scaling efficiency, {} ranks vs 1 on the same global batch (t1 / (N x tN)): kart {kart:.2}, torch {torch:.2}",
+            first.ranks
+        );
+    }
+}
+
+/// How each side is started.
+struct Sides<'a> {
+    dir: &'a Path,
+    python: &'a Path,
+    steps: usize,
+    device: Device,
+    threads: usize,
+}
+
+impl Sides<'_> {
+    /// kart on `n` ranks, started by its launcher.
+    fn kart(&self, n: usize) -> anyhow::Result<Run> {
+        let out = self.dir.join(KART_OUT);
+        let _ = std::fs::remove_file(&out);
+        let device = if self.device == Device::Cuda { "cuda" } else { "cpu" };
+        let args = ["bench", "train", "--steps", &self.steps.to_string(), "--device", device, "--worker"]
+            .into_iter()
+            .map(Into::into)
+            .chain([self.dir.as_os_str().to_owned()])
+            .collect();
+        let code = launch::run(NprocPerNode::Count(n), args, Some(self.threads))?;
+        if code != 0 {
+            bail!("kart's {n} rank(s) failed (exit code {code}); their errors are above");
+        }
+        read(&out)
+    }
+
+    /// torch on `n` ranks, started by torchrun.
+    fn torch(&self, n: usize) -> anyhow::Result<Run> {
+        let out = self.dir.join(TORCH_OUT);
+        let _ = std::fs::remove_file(&out);
+        let device = if self.device == Device::Cuda { "cuda" } else { "cpu" };
+        let status = Command::new(self.python)
+            .args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &n.to_string()])
+            .arg(self.dir.join("train_anchor.py"))
+            .args([self.dir.join(MODEL), self.dir.join(BATCH)])
+            .arg(self.steps.to_string())
+            .arg(&out)
+            .arg(device)
+            .env("OMP_NUM_THREADS", self.threads.to_string())
+            .env("TRANSFORMERS_VERBOSITY", "error")
+            .status()
+            .with_context(|| format!("starting torchrun with {}", self.python.display()))?;
+        if !status.success() {
+            bail!(
+                "torchrun of scripts/bench/train_anchor.py on {n} rank(s) failed ({status}); its error is above"
+            );
+        }
+        read(&out)
+    }
+}
+
+fn read(path: &Path) -> anyhow::Result<Run> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: {text}", path.display()))
+}
+
+/// One rank of kart's side: the trainer's learner on the prepared model, its share of every step.
+fn worker(dir: &Path, steps: usize, device: Device) -> anyhow::Result<()> {
+    let ranks = Ranks::from_env()?;
+    let batch: Batch = serde_json::from_slice(&std::fs::read(dir.join(BATCH))?)?;
+    let config = batch.config(dir.join(MODEL), device);
+    let mut learner = learner(&config, None, &ranks)?;
+    let samples = batch.samples()?;
+    let mut stepped = Vec::with_capacity(steps + 1);
+    for _ in 0..=steps {
+        if let Some(parallel) = &learner.parallel {
+            parallel.group().barrier()?;
+        }
+        let mut samples = samples.clone();
+        let start = Instant::now();
+        let record = learner.step(&mut samples, &config, 0)?;
+        let seconds = start.elapsed().as_secs_f64();
+        let get = |key: &Key| record.get(key).unwrap_or(f64::NAN);
+        stepped.push(Stepped { seconds, entropy: get(&keys::ACTOR_ENTROPY), kl: get(&keys::ACTOR_KL) });
+    }
+    if ranks.is_leader() {
+        let run = Run {
+            threads: i64::from(tch::get_num_threads()),
+            torch: String::new(),
+            transformers: String::new(),
+            steps: stepped,
+        };
+        std::fs::write(dir.join(KART_OUT), serde_json::to_vec(&run)?)?;
+    }
+    Ok(())
 }

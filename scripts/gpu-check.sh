@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# kart on a machine with CUDA GPUs, after `make build` (or with KART=/path/to/kart built against
+# this machine's torch). kart is built and tested without a GPU; run this whenever one is at hand
+# and put its figures in the README with the date and the card.
+#
+#   1. `kart doctor`: CUDA support loaded, the devices, NCCL, and each component's device.
+#   2. 3 GRPO steps (the trainer's update) of a fixture-shaped model on one GPU, and with several
+#      GPUs on all of them over NCCL, each against the same steps in PyTorch (DDP under torchrun).
+#   3. `kart bench train --device cuda`: the 46.5M-parameter step on one GPU against PyTorch, with
+#      tokens/s and model FLOPs utilisation (MFU).
+#
+# PEAK_TFLOPS sets the card's dense f32 peak for MFU (guessed for H100, H200, A100 and L40S).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/env.sh
+KART="${KART:-${CARGO_TARGET_DIR:-target}/release/kart}"
+[ -x "$KART" ] || { echo "gpu-check: $KART is missing; run \`make build\` or set KART" >&2; exit 1; }
+command -v nvidia-smi >/dev/null || { echo "gpu-check: nvidia-smi is missing: no NVIDIA driver here" >&2; exit 1; }
+
+GPUS="$(nvidia-smi -L | grep -c '^GPU ')"
+CARD="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)"
+if [ -z "${PEAK_TFLOPS:-}" ]; then
+  case "$CARD" in
+    *H100*|*H200*) PEAK_TFLOPS=67 ;;
+    *A100*) PEAK_TFLOPS=19.5 ;;
+    *L40S*) PEAK_TFLOPS=91.6 ;;
+  esac
+fi
+PEAK=()
+[ -n "${PEAK_TFLOPS:-}" ] && PEAK=(--peak-tflops "$PEAK_TFLOPS")
+echo "== $(date -u +%F) on $GPUS x $CARD${PEAK_TFLOPS:+ (f32 peak $PEAK_TFLOPS TFLOP/s)}"
+
+echo "== kart doctor"
+"$KART" doctor
+"$KART" doctor --json | python3 -c 'import json, sys
+d = json.load(sys.stdin)
+assert d["cuda"]["loaded"] and d["devices"], "CUDA is not loaded or no device is visible: %s" % d'
+
+if [ "$GPUS" -gt 1 ]; then ALL=", and on all $GPUS over NCCL"; else ALL=""; fi
+echo "== 3 GRPO steps of a fixture-shaped model on 1 GPU$ALL"
+"$KART" bench train --quick --device cuda --ranks "$GPUS" --steps 3 "${PEAK[@]}"
+
+echo "== kart bench train --device cuda"
+"$KART" bench train --device cuda "${PEAK[@]}"
