@@ -258,17 +258,16 @@ fn start_kart(dir: &Path) -> Kart {
     let retriever_url = format!("http://127.0.0.1:{retriever_port}");
     let sglang_url = format!("http://127.0.0.1:{sglang_port}");
     let rollout_url = format!("http://127.0.0.1:{rollout_port}");
+    // The page read below is of a loopback server, an internal address pages are not read from
+    // unless allowed.
+    let retriever_config = dir.join("retriever.json");
+    std::fs::write(&retriever_config, json!({"online": {"allow_internal": ["127.0.0.1"]}}).to_string())
+        .unwrap();
     let mut retriever = spawn(
         Command::new(&kart)
-            .args([
-                "retriever",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &retriever_port.to_string(),
-                "--index",
-            ])
+            .args(["retriever", "serve", "--config"])
+            .arg(&retriever_config)
+            .args(["--host", "127.0.0.1", "--port", &retriever_port.to_string(), "--index"])
             .arg(&index),
     );
     let model = shared_dir().join("fixtures/models/tiny-qwen2");

@@ -12,7 +12,7 @@ use crate::{LocalIndex, RetrieverError};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::post;
 use kart_core::agent::search_r1::RetrievalResult;
@@ -208,8 +208,18 @@ struct RetrieveRequest {
     return_scores: bool,
 }
 
-fn parse_retrieve(body: &Value, max_queries: usize) -> Result<RetrieveRequest, ApiError> {
+/// The fields of a `/retrieve` request (Search-R1's `QueryRequest`).
+const RETRIEVE_FIELDS: [&str; 3] = ["queries", "topk", "return_scores"];
+
+/// A `/retrieve` request within `config`'s bounds on queries and results.
+fn parse_retrieve(body: &Value, config: &RetrieverConfig) -> Result<RetrieveRequest, ApiError> {
     let obj = body.as_object().ok_or_else(|| ApiError::invalid("body", "expected a JSON object"))?;
+    if let Some(unknown) = obj.keys().find(|k| !RETRIEVE_FIELDS.contains(&k.as_str())) {
+        return Err(ApiError::invalid(
+            unknown.as_str(),
+            format!("unknown field; a request has {}", RETRIEVE_FIELDS.join(", ")),
+        ));
+    }
     let queries = match obj.get("queries") {
         None => return Err(ApiError::invalid("queries", "missing: expected a list of strings")),
         Some(Value::Array(items)) => items
@@ -225,10 +235,10 @@ fn parse_retrieve(body: &Value, max_queries: usize) -> Result<RetrieveRequest, A
             return Err(ApiError::invalid("queries", format!("expected a list of strings, got {other}")));
         }
     };
-    if queries.len() > max_queries {
+    if queries.len() > config.max_queries {
         return Err(ApiError::invalid(
             "queries",
-            format!("{} queries; at most {max_queries} per request", queries.len()),
+            format!("{} queries; at most {} per request", queries.len(), config.max_queries),
         ));
     }
     let topk = match obj.get("topk") {
@@ -248,6 +258,18 @@ fn parse_retrieve(body: &Value, max_queries: usize) -> Result<RetrieveRequest, A
         Some(Value::Bool(b)) => *b,
         Some(v) => return Err(ApiError::invalid("return_scores", format!("expected a boolean, got {v}"))),
     };
+    let results = queries.len().saturating_mul(topk.unwrap_or(config.topk));
+    if results > config.max_results {
+        return Err(ApiError::invalid(
+            "topk",
+            format!(
+                "{} queries x topk {} = {results} results; at most {} (max_results) per request",
+                queries.len(),
+                topk.unwrap_or(config.topk),
+                config.max_results
+            ),
+        ));
+    }
     Ok(RetrieveRequest { queries, topk, return_scores })
 }
 
@@ -270,18 +292,19 @@ fn observe(
 async fn retrieve(State(state): State<Arc<AppState>>, body: Body) -> Response {
     let started = Instant::now();
     let (response, error_kind) = match answer_retrieve(&state, body).await {
-        Ok(value) => (Json(value).into_response(), None),
+        Ok(json) => (([(header::CONTENT_TYPE, "application/json")], json).into_response(), None),
         Err((kind, err)) => (err.into_response(), Some(kind)),
     };
     observe(&state, "retrieve", started, &response, error_kind);
     response
 }
 
-async fn answer_retrieve(state: &AppState, body: Body) -> Result<Value, (&'static str, ApiError)> {
+/// The serialised answer, at most `max_response_bytes` long.
+async fn answer_retrieve(state: &AppState, body: Body) -> Result<Vec<u8>, (&'static str, ApiError)> {
     let body = http::read_json(body, state.config.max_body_bytes).await.map_err(|e| ("bad_request", e))?;
-    let request = parse_retrieve(&body, state.config.max_queries).map_err(|e| ("bad_request", e))?;
+    let request = parse_retrieve(&body, &state.config).map_err(|e| ("bad_request", e))?;
     if request.queries.is_empty() {
-        return Ok(json!({"result": []}));
+        return Ok(br#"{"result":[]}"#.to_vec());
     }
     let backend = state.backend.get().ok_or_else(|| {
         (
@@ -311,7 +334,22 @@ async fn answer_retrieve(state: &AppState, body: Body) -> Result<Value, (&'stati
             false => json!(hits.into_iter().map(|h| h.document).collect::<Vec<_>>()),
         })
         .collect();
-    Ok(json!({ "result": result }))
+    let json = serde_json::to_vec(&json!({ "result": result })).map_err(|e| {
+        let message = format!("serialising the results: {e}");
+        ("backend", ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: "queries".into(), message })
+    })?;
+    if json.len() > state.config.max_response_bytes {
+        let message = format!(
+            "the results take {} bytes, over max_response_bytes ({}): ask for fewer queries or a smaller topk",
+            json.len(),
+            state.config.max_response_bytes
+        );
+        return Err((
+            "too_large",
+            ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, field: "queries".into(), message },
+        ));
+    }
+    Ok(json)
 }
 
 async fn access(State(state): State<Arc<AppState>>, body: Body) -> Response {
@@ -346,7 +384,7 @@ async fn answer_access(state: &AppState, body: Body) -> Result<Value, ApiError> 
         .iter()
         .zip(pages)
         .map(|(url, page)| match page {
-            Ok(text) => json!({"url": url, "page": text}),
+            Ok(text) => json!({"url": url, "page": &*text}),
             Err(e) => json!({"url": url, "page": null, "error": e.to_string()}),
         })
         .collect();
@@ -359,7 +397,8 @@ mod tests {
     use kart_core::agent::search_r1::document;
 
     fn parse(v: Value) -> Result<RetrieveRequest, ApiError> {
-        parse_retrieve(&v, 100)
+        let config = RetrieverConfig { max_queries: 100, max_results: 250, ..RetrieverConfig::default() };
+        parse_retrieve(&v, &config)
     }
 
     #[test]
@@ -385,6 +424,22 @@ mod tests {
         assert_eq!(field(json!({"queries": ["a"], "return_scores": "yes"})), "return_scores");
         assert_eq!(field(json!([1, 2])), "body");
         assert_eq!(field(json!({"queries": vec!["q"; 101]})), "queries");
+    }
+
+    #[test]
+    fn unknown_fields_and_too_many_results_are_refused() {
+        let error = parse(json!({"queries": ["a"], "topK": 50})).unwrap_err();
+        assert_eq!((error.status, error.field.as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "topK"));
+        assert!(error.message.contains("queries, topk, return_scores"), "{}", error.message);
+        // 100 queries x topk 3 (the default) = 300 results > 250.
+        let error = parse(json!({"queries": vec!["q"; 100]})).unwrap_err();
+        assert_eq!(error.field, "topk");
+        assert!(
+            error.message.contains("100 queries x topk 3 = 300 results; at most 250"),
+            "{}",
+            error.message
+        );
+        assert!(parse(json!({"queries": vec!["q"; 50], "topk": 5})).is_ok());
     }
 
     /// A fixed index: every query gets documents "0".."k-1" with descending scores.
@@ -450,6 +505,20 @@ mod tests {
         let text = kart_http::metrics::encode(&registry);
         assert!(text.contains("kart_retriever_queries_total{method=\"bm25\"} 3"), "{text}");
         assert!(text.contains("kart_retriever_documents 10"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_max_response_bytes_is_refused_with_413() {
+        let registry = Registry::new();
+        let config = RetrieverConfig { max_response_bytes: 2048, ..RetrieverConfig::default() };
+        let state = AppState::new(config, &registry).unwrap();
+        state.set_backend(Backend::Local(Arc::new(Fixed)));
+        let router = router(state, registry);
+        let (status, v) = post(&router, "/retrieve", r#"{"queries": ["paris"], "topk": 2}"#).await;
+        assert_eq!((status, v["result"][0].as_array().map(Vec::len)), (StatusCode::OK, Some(2)));
+        let (status, v) = post(&router, "/retrieve", r#"{"queries": ["paris"], "topk": 100}"#).await;
+        assert_eq!((status, v["error"]["field"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("queries")));
+        assert!(v["error"]["message"].as_str().unwrap().contains("max_response_bytes (2048)"), "{v}");
     }
 
     #[tokio::test]

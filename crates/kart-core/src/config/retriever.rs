@@ -80,6 +80,13 @@ pub struct OnlineConfig {
     pub retries: u32,
     /// First backoff delay in milliseconds (doubled each retry).
     pub backoff_ms: u64,
+    /// Internal networks (CIDR, e.g. `10.0.0.0/8`), addresses and host names pages may be read
+    /// from; every other loopback, private, link-local (cloud metadata), multicast or reserved
+    /// address is refused, after DNS resolution and after every redirect.
+    pub allow_internal: Vec<String>,
+    /// Bytes of page text one `/access` request returns at most; pages past it fail with an
+    /// error naming this key.
+    pub access_budget_bytes: usize,
 }
 
 impl Default for OnlineConfig {
@@ -92,6 +99,8 @@ impl Default for OnlineConfig {
             timeout_secs: 20.0,
             retries: 3,
             backoff_ms: 200,
+            allow_internal: Vec::new(),
+            access_budget_bytes: 8 << 20,
         }
     }
 }
@@ -114,6 +123,10 @@ pub struct RetrieverConfig {
     pub max_body_bytes: usize,
     /// Most queries in one request.
     pub max_queries: usize,
+    /// Most results (queries x topk) in one request.
+    pub max_results: usize,
+    /// Largest `/retrieve` response in bytes; a larger one is refused with 413.
+    pub max_response_bytes: usize,
     /// Dense encoder settings.
     pub encoder: EncoderConfig,
     /// Online backend settings (Serper search, page access).
@@ -130,6 +143,8 @@ impl Default for RetrieverConfig {
             port: 8000,
             max_body_bytes: 10 * 1024 * 1024,
             max_queries: 4096,
+            max_results: 100_000,
+            max_response_bytes: 64 << 20,
             encoder: EncoderConfig::default(),
             online: OnlineConfig::default(),
         }

@@ -13,7 +13,8 @@ pub(super) async fn serve(router: Router) -> String {
     format!("http://{address}")
 }
 
-/// Limits for tests: short backoff, a few retries, a generous timeout; the URLs are set by each test.
+/// Limits for tests: short backoff, a few retries, a generous timeout, the fakes' loopback address
+/// allowed; the URLs are set by each test.
 pub(super) fn config() -> OnlineConfig {
     OnlineConfig {
         serper_url: String::new(),
@@ -23,6 +24,8 @@ pub(super) fn config() -> OnlineConfig {
         timeout_secs: 10.0,
         retries: 2,
         backoff_ms: 1,
+        allow_internal: vec!["127.0.0.1".into()],
+        access_budget_bytes: 8 << 20,
     }
 }
 

@@ -9,8 +9,11 @@
 //! - `kart_retriever_upstream_requests_total{service="serper"|"jina"|"web", outcome="ok"|"error"|"retry"}`,
 //! - `kart_retriever_upstream_latency_seconds{service}` (one observation per attempt).
 //!
-//! API keys are held in a redacting type: they appear in no log, error or `Debug` output.
+//! API keys are held in a redacting type: they appear in no log, error or `Debug` output. Direct
+//! page reads reach public addresses only ([`address`]), and one `/access` request reads each
+//! distinct URL once and returns at most `access_budget_bytes` of text.
 
+mod address;
 mod cache;
 #[cfg(test)]
 mod fake;

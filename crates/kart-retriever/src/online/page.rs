@@ -1,7 +1,9 @@
 //! Page reading for ASearcher's `<access>` tool: the Jina reader (`GET {jina_url}/{url}` with
 //! `Authorization: Bearer KEY`) when a key is set, as in ASearcher's `OnlineSearchClient.access`,
-//! else a direct `GET` of the page, HTML converted to text and other text passed through.
+//! else a direct `GET` of the page, HTML converted to text and other text passed through. Direct
+//! reads reach public addresses only (see [`super::address`]).
 
+use super::address::AddressPolicy;
 use super::cache::Cache;
 use super::upstream::{ApiKey, Upstream};
 use crate::RetrieverError;
@@ -10,7 +12,9 @@ use kart_core::config::retriever::OnlineConfig;
 use prometheus::Registry;
 use reqwest::Url;
 use reqwest::header::AUTHORIZATION;
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// Lines of converted HTML are wrapped at this many columns: wide enough to leave paragraphs whole.
 const TEXT_WIDTH: usize = 10_000;
@@ -20,6 +24,8 @@ pub struct PageReader {
     via: Via,
     upstream: Upstream,
     cache: Cache<String, String>,
+    /// Bytes of text one request returns at most.
+    budget: usize,
 }
 
 /// How pages are read.
@@ -27,8 +33,8 @@ pub struct PageReader {
 enum Via {
     /// Through the Jina reader at this base URL (without a trailing slash).
     Jina { base: String, api_key: ApiKey },
-    /// Directly from the page's server.
-    Web,
+    /// Directly from the page's server, at the addresses the policy allows.
+    Web(Arc<AddressPolicy>),
 }
 
 /// How a directly fetched body becomes text, by its media type.
@@ -53,19 +59,55 @@ impl PageReader {
                 })?;
                 (Via::Jina { base: config.jina_url.trim_end_matches('/').to_string(), api_key }, "jina")
             }
-            None => (Via::Web, "web"),
+            None => (Via::Web(Arc::new(AddressPolicy::new(&config.allow_internal)?)), "web"),
+        };
+        let policy = match &via {
+            Via::Web(policy) => Some(policy),
+            Via::Jina { .. } => None,
         };
         Ok(PageReader {
+            upstream: Upstream::new(service, config, policy, registry)?,
             via,
-            upstream: Upstream::new(service, config, registry)?,
             cache: Cache::new("page", config.cache_entries, registry)?,
+            budget: config.access_budget_bytes,
         })
     }
 
-    /// The text of each page, one result per URL, read concurrently. Only http and https URLs are
-    /// accepted.
-    pub async fn access(&self, urls: &[String]) -> Vec<Result<String, RetrieverError>> {
-        join_all(urls.iter().map(|url| self.read(url))).await
+    /// The text of each page, one result per URL: each distinct URL read once, concurrently, and
+    /// pages past the request's byte budget (`online.access_budget_bytes`, counted in the order
+    /// of `urls`) replaced by an error. Only http and https URLs are accepted.
+    pub async fn access(&self, urls: &[String]) -> Vec<Result<Arc<str>, Arc<RetrieverError>>> {
+        let mut first: HashMap<&str, usize> = HashMap::new();
+        let mut distinct = Vec::new();
+        for url in urls {
+            first.entry(url.as_str()).or_insert_with(|| {
+                distinct.push(url.as_str());
+                distinct.len() - 1
+            });
+        }
+        let pages: Vec<Result<Arc<str>, Arc<RetrieverError>>> =
+            join_all(distinct.iter().map(|url| self.read(url)))
+                .await
+                .into_iter()
+                .map(|page| page.map(Arc::from).map_err(Arc::new))
+                .collect();
+        let mut spent = 0usize;
+        urls.iter()
+            .map(|url| {
+                let page = pages[first[url.as_str()]].clone()?;
+                spent = spent.saturating_add(page.len());
+                if spent > self.budget {
+                    return Err(Arc::new(RetrieverError::BadRequest {
+                        field: "urls",
+                        reason: format!(
+                            "{url}: this request's pages exceed online.access_budget_bytes ({} bytes)",
+                            self.budget
+                        ),
+                    }));
+                }
+                Ok(page)
+            })
+            .collect()
     }
 
     /// One page, from the cache or from upstream.
@@ -74,6 +116,12 @@ impl PageReader {
             Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
                 RetrieverError::BadRequest { field: "urls", reason: format!("{url:?} is not an http(s) URL") }
             })?;
+        if let Via::Web(policy) = &self.via {
+            policy.check_url(&parsed).map_err(|refused| RetrieverError::BadRequest {
+                field: "urls",
+                reason: format!("{url}: {refused}"),
+            })?;
+        }
         if let Some(text) = self.cache.get(url) {
             return Ok(text);
         }
@@ -88,7 +136,7 @@ impl PageReader {
                 let ((), body) = self.upstream.fetch(url, request, |_| Ok(())).await?;
                 String::from_utf8_lossy(&body).into_owned()
             }
-            Via::Web => {
+            Via::Web(_) => {
                 let request = || self.upstream.client().get(parsed.clone());
                 let (format, body) = self.upstream.fetch(url, request, format_of).await?;
                 match format {
@@ -236,12 +284,12 @@ mod tests {
         let reader = PageReader::new(&config(), None, &registry).unwrap();
         let urls = [format!("{web}/page.html"), format!("{web}/notes.txt"), format!("{web}/page.html")];
 
-        let pages: Vec<String> = reader.access(&urls[..2]).await.into_iter().map(Result::unwrap).collect();
+        let pages: Vec<Arc<str>> = reader.access(&urls[..2]).await.into_iter().map(Result::unwrap).collect();
         let again = reader.access(&urls[2..]).await.remove(0).unwrap();
 
         assert!(pages[0].contains("Hello") && pages[0].contains("World, bold text."), "{}", pages[0]);
         assert!(!pages[0].contains('<') && !pages[0].contains("hidden"), "{}", pages[0]);
-        assert_eq!(pages[1], "line 1\n  <not html>\n");
+        assert_eq!(&*pages[1], "line 1\n  <not html>\n");
         assert_eq!(again, pages[0]);
         assert_eq!(calls.load(Ordering::SeqCst), 2, "the repeat is served from the cache");
         assert_eq!(
@@ -276,12 +324,73 @@ mod tests {
         let pages = reader.access(&["ftp://files.example/a".into(), "not a url".into()]).await;
 
         for (page, url) in pages.into_iter().zip(["ftp://files.example/a", "not a url"]) {
-            match page.unwrap_err() {
+            match &*page.unwrap_err() {
                 RetrieverError::BadRequest { field: "urls", reason } => {
                     assert!(reason.contains(url), "{reason}")
                 }
                 other => panic!("{other}"),
             }
+        }
+    }
+
+    /// A server on `ip` (a loopback address) that redirects every request to `to`.
+    async fn redirector(ip: &str, to: String) -> String {
+        let router = Router::new().fallback(move || {
+            let to = to.clone();
+            async move { (StatusCode::FOUND, [(axum::http::header::LOCATION, to)]) }
+        });
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        format!("http://{address}")
+    }
+
+    #[tokio::test]
+    async fn internal_addresses_are_refused_in_every_spelling_and_after_redirects() {
+        let (web, calls) = fake_web().await;
+        let port = web.rsplit(':').next().unwrap();
+        // Only the redirector's own address is allowed; the page server behind it is not.
+        let redirect = redirector("127.0.0.2", format!("{web}/page.html")).await;
+        let config = OnlineConfig { allow_internal: vec!["127.0.0.2/32".into()], ..config() };
+        let reader = PageReader::new(&config, None, &Registry::new()).unwrap();
+        let urls: Vec<String> = [
+            format!("{web}/page.html"),
+            format!("http://localhost:{port}/page.html"),
+            format!("http://[::ffff:127.0.0.1]:{port}/page.html"),
+            format!("http://2130706433:{port}/page.html"),
+            format!("http://127.1:{port}/page.html"),
+            format!("http://0.0.0.0:{port}/page.html"),
+            "http://169.254.169.254/latest/meta-data/".into(),
+            format!("{redirect}/go"),
+        ]
+        .into();
+
+        let pages = reader.access(&urls).await;
+
+        for (i, (url, page)) in urls.iter().zip(pages).enumerate() {
+            let error = page.unwrap_err().to_string();
+            assert!(error.contains("internal address") && error.contains(url), "{url}: {error}");
+            if matches!(i, 1 | 7) {
+                assert!(error.ends_with("(1 attempt)"), "a refusal is not retried: {error}");
+            }
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing reached the internal page server");
+    }
+
+    #[tokio::test]
+    async fn a_request_reads_each_page_once_and_within_its_byte_budget() {
+        let (web, calls) = fake_web().await;
+        let page = format!("{web}/notes.txt");
+        let size = "line 1\n  <not html>\n".len();
+        let config = OnlineConfig { access_budget_bytes: 3 * size, cache_entries: 0, ..config() };
+        let reader = PageReader::new(&config, None, &Registry::new()).unwrap();
+
+        let pages = reader.access(&vec![page.clone(); 5]).await;
+
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the same URL is fetched once per request");
+        assert!(pages[..3].iter().all(|p| p.as_ref().is_ok_and(|p| p.len() == size)));
+        for error in pages[3..].iter().map(|p| p.as_ref().unwrap_err().to_string()) {
+            assert!(error.contains("online.access_budget_bytes") && error.contains(&page), "{error}");
         }
     }
 }

@@ -62,7 +62,7 @@ impl OnlineSearch {
         Ok(OnlineSearch {
             url,
             api_key: ApiKey::plain("SERPER_API_KEY", api_key)?,
-            upstream: Upstream::new("serper", config, registry)?,
+            upstream: Upstream::new("serper", config, None, registry)?,
             cache: Cache::new("serper", config.cache_entries, registry)?,
         })
     }

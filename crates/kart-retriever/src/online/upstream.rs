@@ -2,6 +2,7 @@
 //! per-request timeout, a limit on requests in flight, retries with exponential backoff, a cap on
 //! body sizes, and the `kart_retriever_upstream_*` metrics.
 
+use super::address::{AddressPolicy, Refused};
 use super::register;
 use crate::RetrieverError;
 use kart_core::config::retriever::OnlineConfig;
@@ -10,6 +11,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderValue};
 use reqwest::{Client, RequestBuilder};
 use std::error::Error as _;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -88,8 +90,8 @@ impl Failure {
     }
 
     /// A transport error: the request could not be sent (connect error, reset, timeout) or its
-    /// response not read. Those are retried; errors building the request or following redirects
-    /// are not.
+    /// response not read. Those are retried; errors building the request or following redirects,
+    /// and addresses the [`AddressPolicy`] refused, are not.
     fn transport(error: reqwest::Error) -> Self {
         let retryable = error.is_timeout() || error.is_connect() || error.is_request() || error.is_body();
         // The URL is named by the caller; the chain of sources says what went wrong.
@@ -97,6 +99,9 @@ impl Failure {
         let mut reason = error.to_string();
         let mut source = error.source();
         while let Some(cause) = source {
+            if let Some(refused) = cause.downcast_ref::<Refused>() {
+                return Failure { retryable: false, reason: refused.to_string() };
+            }
             reason = format!("{reason}: {cause}");
             source = cause.source();
         }
@@ -105,10 +110,12 @@ impl Failure {
 }
 
 impl Upstream {
-    /// A client for `service` with the limits of `config`, its metrics registered into `registry`.
+    /// A client for `service` with the limits of `config`, reaching only the addresses `policy`
+    /// allows when there is one, its metrics registered into `registry`.
     pub(super) fn new(
         service: &'static str,
         config: &OnlineConfig,
+        policy: Option<&Arc<AddressPolicy>>,
         registry: &Registry,
     ) -> Result<Self, RetrieverError> {
         if config.concurrency == 0 {
@@ -124,14 +131,20 @@ impl Upstream {
                 field: "online.timeout_secs",
                 reason: format!("must be a positive number of seconds, got {}", config.timeout_secs),
             })?;
-        let client = Client::builder()
-            .timeout(timeout)
-            .user_agent(concat!("Mozilla/5.0 (compatible; kart/", env!("CARGO_PKG_VERSION"), ")"))
-            .build()
-            .map_err(|e| RetrieverError::Upstream {
-                service,
-                reason: format!("building the HTTP client: {e}"),
-            })?;
+        let builder = Client::builder().timeout(timeout).user_agent(concat!(
+            "Mozilla/5.0 (compatible; kart/",
+            env!("CARGO_PKG_VERSION"),
+            ")"
+        ));
+        let client = match policy {
+            Some(policy) => policy.guard(builder),
+            None => builder,
+        }
+        .build()
+        .map_err(|e| RetrieverError::Upstream {
+            service,
+            reason: format!("building the HTTP client: {e}"),
+        })?;
 
         let requests = IntCounterVec::new(
             Opts::new(
