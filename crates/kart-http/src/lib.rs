@@ -53,6 +53,17 @@ pub async fn read_json(body: Body, limit: usize) -> Result<Value, ApiError> {
     serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request("body", format!("malformed JSON: {e}")))
 }
 
+/// A request body parsed as `T`; a mismatch is a 422 naming the field at fault by its path
+/// (`n`, `prompts[0].messages[1].content`, an unknown field's own name), or `body` when the body
+/// as a whole is.
+pub fn from_json<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { "body".to_string() } else { path };
+        ApiError::invalid(field, e.into_inner().to_string())
+    })
+}
+
 /// Whether a service is ready to take traffic (e.g. its index is loaded).
 #[derive(Debug, Clone, Default)]
 pub struct Readiness(Arc<AtomicBool>);
@@ -147,6 +158,33 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parse_errors_name_the_field_by_its_path() {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Request {
+            n: usize,
+            items: Vec<Item>,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        struct Item {
+            content: String,
+        }
+        let ok: Request = from_json(json!({"n": 1, "items": [{"content": "a"}]})).unwrap();
+        assert_eq!((ok.n, ok.items[0].content.as_str()), (1, "a"));
+        let field = |v: Value| from_json::<Request>(v).unwrap_err().field;
+        assert_eq!(field(json!({"n": -1, "items": []})), "n");
+        assert_eq!(field(json!({"n": "2", "items": []})), "n");
+        assert_eq!(field(json!({"n": 1, "items": "x"})), "items");
+        assert_eq!(
+            field(json!({"n": 1, "items": [{"content": "a"}, {"content": null}]})),
+            "items[1].content"
+        );
+        assert_eq!(field(json!([1])), "body");
+        let error = from_json::<Request>(json!({"n": 1, "items": [], "extra": 1})).unwrap_err();
+        assert_eq!((error.status, error.field.as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "extra"));
+    }
     use axum::http::Request;
     use tower::ServiceExt;
 

@@ -29,7 +29,11 @@ use kart_http::{self as http, ApiError, Readiness};
 use prometheus::Registry;
 use serde_json::json;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::{Semaphore, mpsc};
+
+/// Seconds a client told 429 waits before it asks again.
+const RETRY_AFTER_SECS: u32 = 1;
 
 /// Why the worker could not start.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +60,21 @@ pub struct Worker {
     weights: Option<Arc<WeightLoader>>,
     metrics: RolloutMetrics,
     groups: Arc<Semaphore>,
+    /// Trajectories of the requests being answered.
+    in_flight: Arc<AtomicUsize>,
     config: RolloutConfig,
+}
+
+/// A request's share of [`Worker::in_flight`], given back when dropped.
+struct Reservation {
+    in_flight: Arc<AtomicUsize>,
+    trajectories: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(self.trajectories, Ordering::SeqCst);
+    }
 }
 
 impl Worker {
@@ -76,15 +94,62 @@ impl Worker {
             weights,
             metrics,
             groups: Arc::new(Semaphore::new(config.max_concurrent_groups.max(1))),
+            in_flight: Arc::default(),
             config,
         })
     }
 }
 
+impl Worker {
+    /// Reserves the trajectories of `request` within `max_trajectories`: a 422 for a request
+    /// larger than the limit, a 429 while others hold too much of it.
+    fn reserve(&self, request: &RolloutRequest) -> Result<Reservation, ApiError> {
+        let limit = self.config.max_trajectories;
+        let trajectories = request.prompts.len().saturating_mul(request.n);
+        if trajectories > limit {
+            let message = format!(
+                "{} prompts x n {} = {trajectories} trajectories; a worker takes at most {limit} (max_trajectories)",
+                request.prompts.len(),
+                request.n
+            );
+            return Err(ApiError::invalid("n", message));
+        }
+        let reserved = self.in_flight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+            held.checked_add(trajectories).filter(|&total| total <= limit)
+        });
+        match reserved {
+            Ok(_) => Ok(Reservation { in_flight: self.in_flight.clone(), trajectories }),
+            Err(held) => {
+                let message = format!(
+                    "{held} trajectories in flight; {trajectories} more would pass max_trajectories ({limit})"
+                );
+                Err(ApiError { status: StatusCode::TOO_MANY_REQUESTS, field: "prompts".into(), message })
+            }
+        }
+    }
+
+    /// The environment of `request`: its own settings, of the kind this worker runs (its tools
+    /// are the worker's), or the worker's default.
+    fn environment(&self, request: &RolloutRequest) -> Result<Arc<dyn Environment>, ApiError> {
+        let Some(config) = &request.env else { return Ok(self.env.clone()) };
+        let env = env::build(config);
+        if env.name() != self.env.name() {
+            return Err(ApiError::invalid(
+                "env.kind",
+                format!(
+                    "this worker runs the {} environment; a request may change its settings, not its kind ({})",
+                    self.env.name(),
+                    env.name()
+                ),
+            ));
+        }
+        Ok(env)
+    }
+}
+
 /// A `/rollout` body, checked.
 fn parse_request(body: serde_json::Value) -> Result<RolloutRequest, ApiError> {
-    let request: RolloutRequest =
-        serde_json::from_value(body).map_err(|e| ApiError::invalid("body", e.to_string()))?;
+    let request: RolloutRequest = http::from_json(body)?;
     request.validate().map_err(invalid)?;
     Ok(request)
 }
@@ -132,14 +197,27 @@ async fn rollout(State(worker): State<Arc<Worker>>, body: Body) -> Response {
             "rollout request"
         );
     }
+    let env = match worker.environment(&request) {
+        Ok(env) => env,
+        Err(e) => return e.into_response(),
+    };
+    let reservation = match worker.reserve(&request) {
+        Ok(r) => r,
+        Err(busy) if busy.status == StatusCode::TOO_MANY_REQUESTS => {
+            return ([(header::RETRY_AFTER, RETRY_AFTER_SECS.to_string())], busy).into_response();
+        }
+        Err(e) => return e.into_response(),
+    };
     if let (Some(loader), Some(source)) = (&worker.weights, &request.weights)
         && let Err(e) = loader.ensure(source).await
     {
         return load_error(e, "weights.").into_response();
     }
-    let env = request.env.as_ref().map_or_else(|| worker.env.clone(), env::build);
     let (lines, mut receiver) = mpsc::channel::<String>(16);
-    tokio::spawn(produce(worker, env, request, lines));
+    tokio::spawn(async move {
+        produce(worker, env, request, lines).await;
+        drop(reservation);
+    });
     let stream = futures::stream::poll_fn(move |cx| {
         receiver.poll_recv(cx).map(|line| line.map(Ok::<_, std::convert::Infallible>))
     });
@@ -189,8 +267,7 @@ async fn weights(State(worker): State<Arc<Worker>>, body: Body) -> Response {
 
 async fn load_weights(worker: &Worker, body: Body) -> Result<i64, ApiError> {
     let body = http::read_json(body, worker.config.max_body_bytes).await?;
-    let source: WeightSource =
-        serde_json::from_value(body).map_err(|e| ApiError::invalid("body", e.to_string()))?;
+    let source: WeightSource = http::from_json(body)?;
     source.validate().map_err(invalid)?;
     let loader = worker.weights.as_ref().ok_or_else(|| ApiError {
         status: StatusCode::CONFLICT,
@@ -229,23 +306,27 @@ mod tests {
     use tower::ServiceExt;
 
     fn worker(engine: Arc<ScriptedEngine>, max_concurrent_groups: usize) -> (Arc<Worker>, Registry) {
-        worker_on(WorkerEngine { engine, weights: None }, max_concurrent_groups)
+        worker_on(WorkerEngine { engine, weights: None }, |c| c.max_concurrent_groups = max_concurrent_groups)
     }
 
     /// A worker whose engine loads weights through it (as the embedded engine does), at version 0.
     fn loading_worker() -> (Arc<Worker>, Registry) {
         let engine = testing::engine();
-        worker_on(WorkerEngine { engine: engine.clone(), weights: Some(engine) }, 8)
+        worker_on(WorkerEngine { engine: engine.clone(), weights: Some(engine) }, |c| {
+            c.max_concurrent_groups = 8
+        })
     }
 
-    fn worker_on(engine: WorkerEngine, max_concurrent_groups: usize) -> (Arc<Worker>, Registry) {
+    /// A worker on the fixture model whose config `configure` adjusts.
+    fn worker_on(
+        engine: WorkerEngine,
+        configure: impl FnOnce(&mut RolloutConfig),
+    ) -> (Arc<Worker>, Registry) {
         let registry = Registry::new();
-        let mut config = RolloutConfig {
-            model: kart_testing::model("tiny-qwen2"),
-            max_concurrent_groups,
-            ..RolloutConfig::default()
-        };
+        let mut config =
+            RolloutConfig { model: kart_testing::model("tiny-qwen2"), ..RolloutConfig::default() };
         config.context.retry = RetryPolicy { retries: 0, backoff_ms: 1 };
+        configure(&mut config);
         let worker = Worker::build(config, engine, &registry).unwrap();
         (Arc::new(worker), registry)
     }
@@ -315,7 +396,7 @@ mod tests {
             (json!({"prompts": [{"id": "a", "ground_truth": []}]}), "prompts[0]"),
             (json!({"prompts": [prompts(1)[0].clone(), prompts(1)[0].clone()]}), "prompts[1].id"),
             (json!({"prompts": prompts(1), "sampling": {"top_p": 2.0}}), "sampling"),
-            (json!({"prompt": []}), "body"),
+            (json!({"prompt": []}), "prompt"),
             (json!({"prompts": prompts(1), "weights": {"version": 1}}), "weights.url"),
             (json!({"prompts": prompts(1), "weights": {"version": -2, "path": "/w"}}), "weights.version"),
             (
@@ -332,6 +413,75 @@ mod tests {
         }
         let response = post(app, "/weights", json!({"version": 1, "path": "/nowhere"})).await;
         assert_eq!(response.status(), StatusCode::CONFLICT, "a scripted engine loads no weights");
+    }
+
+    /// The status and the error's field of a `/rollout` answer.
+    async fn refusal(app: &Router, body: Value) -> (StatusCode, Value) {
+        let response = post(app.clone(), "/rollout", body).await;
+        let status = response.status();
+        let v: Value =
+            serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap())
+                .unwrap();
+        (status, v["error"]["field"].clone())
+    }
+
+    #[tokio::test]
+    async fn type_errors_name_the_field_by_its_path() {
+        let (worker, registry) = worker(answering(), 8);
+        let app = router(worker, registry);
+        let message = json!({"id": "a", "messages": [{"role": "user", "content": null}], "ground_truth": []});
+        for (body, field) in [
+            (json!({"prompts": prompts(1), "n": -1}), "n"),
+            (json!({"prompts": prompts(1), "n": "2"}), "n"),
+            (json!({"prompts": "x"}), "prompts"),
+            (json!({"prompts": [message]}), "prompts[0].messages[0].content"),
+        ] {
+            assert_eq!(
+                refusal(&app, body.clone()).await,
+                (StatusCode::UNPROCESSABLE_ENTITY, json!(field)),
+                "{body}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_may_not_change_the_environment_kind() {
+        let (worker, registry) = worker(answering(), 8);
+        let app = router(worker, registry);
+        let tir = json!({"prompts": prompts(1), "env": {"kind": "tir"}});
+        assert_eq!(refusal(&app, tir).await, (StatusCode::UNPROCESSABLE_ENTITY, json!("env.kind")));
+        let settings = json!({"prompts": prompts(1), "env": {"kind": "search-r1", "max_turns": 1}});
+        let response = post(app, "/rollout", settings).await;
+        assert_eq!(response.status(), StatusCode::OK, "the same kind with other settings");
+    }
+
+    #[tokio::test]
+    async fn trajectories_in_flight_stay_within_max_trajectories() {
+        let engine = Arc::new(answering_engine().with_latency(Duration::from_millis(50)));
+        let (worker, registry) =
+            worker_on(WorkerEngine { engine, weights: None }, |c| c.max_trajectories = 5);
+        let app = router(worker.clone(), registry);
+        assert_eq!(
+            refusal(&app, json!({"prompts": prompts(3), "n": 2})).await,
+            (StatusCode::UNPROCESSABLE_ENTITY, json!("n")),
+            "6 trajectories can never fit"
+        );
+        let holding = post(app.clone(), "/rollout", json!({"prompts": prompts(4), "n": 1})).await;
+        assert_eq!(holding.status(), StatusCode::OK);
+        let busy = post(app.clone(), "/rollout", json!({"prompts": prompts(2), "n": 1})).await;
+        assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(busy.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(lines(holding).await.len(), 4);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while worker.in_flight.load(Ordering::SeqCst) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the finished request still holds its trajectories"
+            );
+            tokio::task::yield_now().await;
+        }
+        let again = post(app, "/rollout", json!({"prompts": prompts(2), "n": 1})).await;
+        assert_eq!(again.status(), StatusCode::OK, "room again once the first request finished");
     }
 
     #[tokio::test]

@@ -126,6 +126,9 @@ pub struct RolloutConfig {
     pub max_concurrent_groups: usize,
     /// Largest accepted request body in bytes.
     pub max_body_bytes: usize,
+    /// Trajectories (prompts x n) in flight per worker over all requests: a request that would
+    /// pass it is answered 429 with `Retry-After`, one larger than it alone 422.
+    pub max_trajectories: usize,
 }
 
 impl Default for RolloutConfig {
@@ -139,6 +142,7 @@ impl Default for RolloutConfig {
             context: ContextConfig::default(),
             max_concurrent_groups: 256,
             max_body_bytes: 64 << 20,
+            max_trajectories: 8192,
         }
     }
 }
