@@ -288,14 +288,7 @@ mod tests {
             .map(|rank| {
                 let body = body.clone();
                 thread::spawn(move || {
-                    let ranks = Ranks {
-                        rank,
-                        world_size: world,
-                        local_rank: rank,
-                        local_world_size: world,
-                        master_addr: "127.0.0.1".into(),
-                        master_port: port,
-                    };
+                    let ranks = Ranks::loopback(rank, world, port);
                     let group = ProcessGroup::join(&ranks, Device::Cpu, Duration::from_secs(20)).unwrap();
                     body(group)
                 })
@@ -343,14 +336,7 @@ mod tests {
     #[test]
     fn a_missing_peer_is_an_error_not_a_hang() {
         let port = free_port();
-        let ranks = move |rank| Ranks {
-            rank,
-            world_size: 2,
-            local_rank: rank,
-            local_world_size: 2,
-            master_addr: "127.0.0.1".into(),
-            master_port: port,
-        };
+        let ranks = move |rank| Ranks::loopback(rank, 2, port);
         let peer = thread::spawn(move || {
             let g = ProcessGroup::join(&ranks(1), Device::Cpu, Duration::from_secs(5)).unwrap();
             g.barrier().unwrap();

@@ -26,6 +26,19 @@ pub struct RanksError {
 }
 
 impl Ranks {
+    /// Rank `rank` of `world_size` processes on this machine meeting at 127.0.0.1:`port` (tests
+    /// and benchmarks that start their ranks themselves).
+    pub fn loopback(rank: usize, world_size: usize, port: u16) -> Ranks {
+        Ranks {
+            rank,
+            world_size,
+            local_rank: rank,
+            local_world_size: world_size,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+        }
+    }
+
     /// One process alone.
     pub fn single() -> Ranks {
         Ranks {

@@ -362,25 +362,20 @@ impl Sums {
     /// Adds up the ranks' per-micro-batch figures (the gradient norms and update counts are the
     /// same on every rank).
     fn combine(&mut self, parallel: &DataParallel) -> Result<(), DistError> {
-        let mut v = [
-            self.pg_loss,
-            self.kl,
-            self.clipfrac,
-            self.clipfrac_lower,
-            self.ppo_kl,
-            self.vf_loss,
-            self.vf_clipfrac,
+        let mut fields = [
+            &mut self.pg_loss,
+            &mut self.kl,
+            &mut self.clipfrac,
+            &mut self.clipfrac_lower,
+            &mut self.ppo_kl,
+            &mut self.vf_loss,
+            &mut self.vf_clipfrac,
         ];
-        parallel.sum(&mut v)?;
-        [
-            self.pg_loss,
-            self.kl,
-            self.clipfrac,
-            self.clipfrac_lower,
-            self.ppo_kl,
-            self.vf_loss,
-            self.vf_clipfrac,
-        ] = v;
+        let mut values = fields.each_ref().map(|f| **f);
+        parallel.sum(&mut values)?;
+        for (field, value) in fields.iter_mut().zip(values) {
+            **field = value;
+        }
         Ok(())
     }
 
@@ -513,14 +508,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut learner = learner(with_critic);
                     if world > 1 {
-                        let ranks = kart_torch::Ranks {
-                            rank,
-                            world_size: world,
-                            local_rank: rank,
-                            local_world_size: world,
-                            master_addr: "127.0.0.1".into(),
-                            master_port: port,
-                        };
+                        let ranks = kart_torch::Ranks::loopback(rank, world, port);
                         let timeout = std::time::Duration::from_secs(60);
                         let group = kart_torch::ProcessGroup::join(&ranks, Device::Cpu, timeout).unwrap();
                         learner.distribute(DataParallel::new(group, 0.01)).unwrap();
