@@ -5,7 +5,8 @@
 # - checks the Rust toolchain (cargo, rustfmt, clippy);
 # - promtool and the Prometheus server (Debian package `prometheus`) for the chart tests;
 # - gloo's headers (Debian package `libgloo-dev`), which c10d's Gloo header includes and torch's
-#   wheel leaves out, for kart-torch's c10d shim (only the headers: gloo's code is libtorch's own).
+#   wheel leaves out, for kart-torch's c10d shim (only the headers: gloo's code is libtorch's own);
+# - bubblewrap (Debian package `bubblewrap`), the TIR Python sandbox.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KART_VENV:-$root/.venv}"
@@ -43,6 +44,10 @@ apt_install() {
 
 if [ -z "${KART_GLOO_INCLUDE:-}" ] && [ ! -f /usr/include/gloo/rendezvous/store.h ]; then
   apt_install libgloo-dev "gloo's headers, for the c10d shim; or set KART_GLOO_INCLUDE"
+fi
+
+if ! command -v bwrap >/dev/null; then
+  apt_install bubblewrap "the TIR Python sandbox"
 fi
 
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then

@@ -143,6 +143,12 @@ impl Worker {
                 ),
             ));
         }
+        if config.runs_python() && self.ctx.python.is_none() {
+            return Err(ApiError::invalid(
+                "env.tools",
+                "this worker's environment runs no Python, so it has no sandbox; a request may not add the python tool",
+            ));
+        }
         Ok(env)
     }
 }
@@ -453,6 +459,20 @@ mod tests {
         let settings = json!({"prompts": prompts(1), "env": {"kind": "search-r1", "max_turns": 1}});
         let response = post(app, "/rollout", settings).await;
         assert_eq!(response.status(), StatusCode::OK, "the same kind with other settings");
+    }
+
+    #[tokio::test]
+    async fn a_request_may_not_add_python_to_a_worker_without_a_sandbox() {
+        let calculator = serde_json::from_value(json!({"kind": "tir", "tools": ["calculator"]})).unwrap();
+        let engine = Arc::new(answering_engine());
+        let (worker, registry) = worker_on(WorkerEngine { engine, weights: None }, |c| c.env = calculator);
+        let app = router(worker, registry);
+        let python =
+            json!({"prompts": prompts(1), "env": {"kind": "tir", "tools": ["python", "calculator"]}});
+        assert_eq!(refusal(&app, python).await, (StatusCode::UNPROCESSABLE_ENTITY, json!("env.tools")));
+        let settings =
+            json!({"prompts": prompts(1), "env": {"kind": "tir", "tools": ["calculator"], "max_turns": 1}});
+        assert_eq!(post(app, "/rollout", settings).await.status(), StatusCode::OK);
     }
 
     #[tokio::test]

@@ -715,12 +715,19 @@ fn connect(
 ) -> Result<(Arc<dyn RolloutPool>, Publisher), TrainError> {
     let urls = config.rollout.urls.clone();
     let timeout = Duration::from_secs_f64(config.rollout.timeout_secs);
+    let retry_deadline = Duration::from_secs_f64(config.rollout.retry_deadline_secs);
     if urls.is_empty() {
         let model = CausalLm::load(policy_dir, device)?;
         let engine =
             EmbeddedEngine::spawn(model, tokenizer.clone(), config.rollout.max_batch, version, config.seed);
         let local = config.rollout.index.as_deref().map(open_index).transpose()?;
-        let ctx = Context::build(&config.rollout.context, Arc::new(engine.clone()), &config.model, local)?;
+        let ctx = Context::build(
+            &config.rollout.context,
+            &config.env,
+            Arc::new(engine.clone()),
+            &config.model,
+            local,
+        )?;
         let metrics = RolloutMetrics::new(endpoints.registry);
         return Ok((Arc::new(InProcessPool::new(ctx, Some(metrics))), Publisher::InProcess(engine)));
     }

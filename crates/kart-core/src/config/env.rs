@@ -15,6 +15,14 @@ pub enum EnvConfig {
     Tir(TirEnvConfig),
 }
 
+impl EnvConfig {
+    /// Whether episodes may run model-written Python (TIR with the `python` tool), so a worker
+    /// needs the sandbox.
+    pub fn runs_python(&self) -> bool {
+        matches!(self, EnvConfig::Tir(tir) if tir.tools.contains(&Tool::Python))
+    }
+}
+
 impl Default for EnvConfig {
     fn default() -> Self {
         EnvConfig::SearchR1(SearchR1Config::default())

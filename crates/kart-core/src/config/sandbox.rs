@@ -14,12 +14,34 @@ pub struct UserIds {
     pub gid: u32,
 }
 
+/// Where the boundary around model-written code is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// Bubblewrap: each call in its own user, PID, mount, network, IPC, UTS and cgroup
+    /// namespaces, with a read-only view of [`SandboxConfig::read_only_paths`], private tmpfs
+    /// `/tmp` and `/dev/shm`, and a syscall filter. Needs unprivileged user namespaces.
+    Bubblewrap,
+    /// Resource limits, a process group and (for a root worker) another user only: not a
+    /// boundary. For nodes that forbid user namespaces, where the worker pod itself runs in a
+    /// sandboxed runtime (gVisor, Kata) and holds nothing the code may not see.
+    None,
+}
+
 /// How the Python executor runs code; the defaults follow upstream's 20 s timeout. The module docs
-/// say what each limit enforces; `PythonSandbox::protections` says which of the conditional
-/// ones (user, processes, network) hold on this machine.
+/// of `kart_tools::python` say what each setting enforces.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxConfig {
+    /// The boundary around the code.
+    pub isolation: Isolation,
+    /// The bubblewrap executable, a path or a name looked up in the worker's `PATH`.
+    pub bubblewrap: PathBuf,
+    /// Host paths visible, read-only, inside the sandbox (`isolation: bubblewrap`); a symbolic
+    /// link is recreated as one, a missing path is skipped. The interpreter must be under one.
+    pub read_only_paths: Vec<PathBuf>,
+    /// Size of each of the private `/tmp` and `/dev/shm` (`isolation: bubblewrap`), in bytes.
+    pub tmpfs_bytes: u64,
     /// The interpreter, a path or a name looked up in [`SandboxConfig::path`].
     pub interpreter: PathBuf,
     /// `PATH` of the child.
@@ -30,7 +52,8 @@ pub struct SandboxConfig {
     pub cpu_secs: u64,
     /// Address-space limit (`RLIMIT_AS`), in bytes.
     pub memory_bytes: u64,
-    /// Process and thread limit (`RLIMIT_NPROC`); not enforced for a root child.
+    /// Process and thread limit (`RLIMIT_NPROC`), applied when the worker is root and the code
+    /// runs as [`SandboxConfig::run_as`].
     pub max_processes: u64,
     /// Largest file the code may write (`RLIMIT_FSIZE`), in bytes.
     pub max_file_bytes: u64,
@@ -40,17 +63,22 @@ pub struct SandboxConfig {
     pub max_output_bytes: usize,
     /// Calls running at once; more wait for a slot.
     pub max_concurrent: usize,
-    /// Whether to cut the network off with user and network namespaces where the kernel allows.
-    pub isolate_network: bool,
-    /// Who runs the code when the worker is root (`None` keeps root).
-    pub run_as_when_root: Option<UserIds>,
-    /// Where work directories are made; the system's temporary directory when unset.
+    /// The user the code runs as. A root worker switches to it; a worker that is not root runs
+    /// the code as this user inside its user namespace (`isolation: bubblewrap`), which the kernel
+    /// maps onto the worker's own user outside. Must not be root or the worker's user.
+    pub run_as: UserIds,
+    /// Where work directories are made (`isolation: none`); the system's temporary directory
+    /// when unset.
     pub work_root: Option<PathBuf>,
 }
 
 impl Default for SandboxConfig {
     fn default() -> Self {
         SandboxConfig {
+            isolation: Isolation::Bubblewrap,
+            bubblewrap: "bwrap".into(),
+            read_only_paths: ["/usr", "/bin", "/lib", "/lib64", "/sbin"].map(PathBuf::from).into(),
+            tmpfs_bytes: 128 << 20,
             interpreter: "python3".into(),
             path: "/usr/local/bin:/usr/bin:/bin".into(),
             timeout_secs: 20,
@@ -61,8 +89,7 @@ impl Default for SandboxConfig {
             max_open_files: 256,
             max_output_bytes: 64 << 10,
             max_concurrent: std::thread::available_parallelism().map_or(4, usize::from),
-            isolate_network: true,
-            run_as_when_root: Some(UserIds { uid: 65534, gid: 65534 }),
+            run_as: UserIds { uid: 65534, gid: 65534 },
             work_root: None,
         }
     }

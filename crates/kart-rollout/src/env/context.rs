@@ -5,6 +5,7 @@
 use super::RolloutError;
 use kart_core::chat::ChatMessage;
 use kart_core::config::ConfigError;
+use kart_core::config::env::EnvConfig;
 use kart_core::config::retry::RetryPolicy;
 use kart_core::config::rollout::ContextConfig;
 use kart_core::engine::Engine;
@@ -69,9 +70,10 @@ impl Context {
     /// The context of `engine` with the tokenizer and chat template of the model folder `model`
     /// and the tools of `config`: searches go to `local` when given (a local index in this
     /// process), else to the retriever at `retriever_url`, through a cache; page access to that
-    /// retriever.
+    /// retriever; the Python sandbox only when `env` runs model-written code.
     pub fn build(
         config: &ContextConfig,
+        env: &EnvConfig,
         engine: Arc<dyn Engine>,
         model: &Path,
         local: Option<Arc<dyn Search>>,
@@ -83,13 +85,17 @@ impl Context {
             Arc::new(CachedSearch::new(inner, config.search_cache_entries, config.search_concurrency))
                 as Arc<dyn Search>
         });
+        let python = env.runs_python().then(|| PythonSandbox::new(config.python.clone())).transpose()?;
+        if let Some(sandbox) = &python {
+            tracing::info!(protections = %sandbox.protections(), "python sandbox ready");
+        }
         Ok(Context {
             engine,
             tokenizer: Tokenizer::load(model)?,
             chat_template: ChatTemplate::load(model)?,
             search,
             access: retriever.map(|r| r as Arc<dyn Access>),
-            python: Some(Arc::new(PythonSandbox::new(config.python.clone())?)),
+            python: python.map(Arc::new),
             retry: config.retry.clone(),
         })
     }
@@ -115,7 +121,7 @@ mod tests {
     fn build(config: &ContextConfig, local: Option<Arc<dyn Search>>) -> Result<Context, ContextError> {
         let model = kart_testing::model("tiny-qwen2");
         let engine = ScriptedEngine::new(Tokenizer::load(&model).unwrap(), |_, _| Reply::Text(String::new()));
-        Context::build(config, Arc::new(engine), &model, local)
+        Context::build(config, &EnvConfig::default(), Arc::new(engine), &model, local)
     }
 
     #[tokio::test]

@@ -19,6 +19,7 @@ use anyhow::Context;
 use futures::future::BoxFuture;
 use kart::local::world::{World, WorldConfig};
 use kart_core::chat::ChatMessage;
+use kart_core::config::env::EnvConfig;
 use kart_core::config::retriever::RetrieverConfig;
 use kart_core::config::rollout::ContextConfig;
 use kart_core::engine::{Engine, EngineError, EngineOutput};
@@ -125,7 +126,8 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
         ..ContextConfig::default()
     };
     let idle = Arc::new(ReplayEngine { latency, searches: HashMap::new(), answer: Vec::new() });
-    let mut ctx = EnvContext::build(&tools, idle, &model_dir, None)?;
+    let mut ctx =
+        EnvContext::build(&tools, &EnvConfig::SearchR1(SearchR1Config::default()), idle, &model_dir, None)?;
 
     // One question per person; the engine's replies prepared for each.
     let tasks: Vec<Task> = world
