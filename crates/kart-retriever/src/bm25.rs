@@ -55,7 +55,14 @@ pub fn build(
             progress(reader.bytes_read(), total, docs);
         }
     }
-    let manifest = Manifest { format: FORMAT, method: Method::Bm25, documents: 0, encoder: None, dim: None };
+    let manifest = Manifest {
+        format: FORMAT,
+        method: Method::Bm25,
+        documents: 0,
+        encoder: None,
+        dim: None,
+        embeddings_crc32: None,
+    };
     let docs = writer.finish(manifest)?;
     progress(reader.bytes_read(), total, docs);
     Ok(docs)
@@ -384,8 +391,14 @@ mod tests {
     #[test]
     fn refuses_indexes_of_other_methods_and_unfinished_builds() {
         let dir = tempfile::tempdir().unwrap();
-        let manifest =
-            Manifest { format: FORMAT, method: Method::Dense, documents: 0, encoder: None, dim: Some(4) };
+        let manifest = Manifest {
+            format: FORMAT,
+            method: Method::Dense,
+            documents: 0,
+            encoder: None,
+            dim: Some(4),
+            embeddings_crc32: None,
+        };
         DocStoreWriter::create(dir.path(), false, 50_000_000).unwrap().finish(manifest).unwrap();
         let err = Bm25Index::open(dir.path()).err().unwrap().to_string();
         assert_eq!(

@@ -5,10 +5,14 @@
 //! records the encoder's settings and the embedding dimension, plus the embeddings themselves:
 //!
 //! ```text
-//! DIR/kart-index.json   {"format": 1, "method": "dense", "documents": N, "encoder": {...}, "dim": D}
+//! DIR/kart-index.json   {"format": 1, "method": "dense", "documents": N, "encoder": {...}, "dim": D,
+//!                        "embeddings_crc32": C}
 //! DIR/embeddings.f32    N x D little-endian f32, row i the embedding of the passage of ordinal i
 //! DIR/meta.json, …      the document store
 //! ```
+//!
+//! The manifest holds the CRC-32 of the embeddings file, checked as [`DenseIndex::open`] reads it:
+//! a damaged file is an error naming it.
 //!
 //! [`build`] streams the corpus, encoding passages a few thousand at a time, so memory stays
 //! bounded whatever the corpus size. [`DenseIndex`] loads the embeddings into one tensor (on the GPU
@@ -37,6 +41,7 @@ use crate::corpus::CorpusReader;
 use crate::docstore::{DocStore, DocStoreWriter, FORMAT, Manifest};
 use crate::encoder::{Encoder, TextKind};
 use crate::{LocalIndex, RetrieverError};
+use flate2::Crc;
 use kart_core::agent::search_r1::RetrievalResult;
 use kart_core::config::retriever::{EncoderConfig, Method};
 use kart_model::ModelError;
@@ -83,6 +88,7 @@ pub fn build(
     let path = out.join(EMBEDDINGS);
     let io_error = |source| RetrieverError::Io { path: path.clone(), source };
     let mut embeddings = BufWriter::new(File::create(&path).map_err(io_error)?);
+    let mut crc = Crc::new();
     let mut pending = Vec::with_capacity(PASSAGES_PER_CALL);
     let mut docs = 0;
     while let Some(passage) = reader.next() {
@@ -90,14 +96,14 @@ pub fn build(
         store.add(&passage)?;
         pending.push(passage.contents);
         if pending.len() == PASSAGES_PER_CALL {
-            write_rows(&mut embeddings, &encoder.encode(&pending, TextKind::Passage)?, &path)?;
+            write_rows(&mut embeddings, &mut crc, &encoder.encode(&pending, TextKind::Passage)?, &path)?;
             docs += pending.len() as u64;
             pending.clear();
             progress(reader.bytes_read(), total, docs);
         }
     }
     if !pending.is_empty() {
-        write_rows(&mut embeddings, &encoder.encode(&pending, TextKind::Passage)?, &path)?;
+        write_rows(&mut embeddings, &mut crc, &encoder.encode(&pending, TextKind::Passage)?, &path)?;
     }
     embeddings.into_inner().map_err(|e| io_error(e.into_error()))?.sync_all().map_err(io_error)?;
     let manifest = Manifest {
@@ -106,17 +112,25 @@ pub fn build(
         documents: 0,
         encoder: Some(encoder.config().clone()),
         dim: Some(encoder.dim()),
+        embeddings_crc32: Some(crc.sum()),
     };
     let docs = store.finish(manifest)?;
     progress(reader.bytes_read(), total, docs);
     Ok(docs)
 }
 
-/// Appends the rows of an `(N, D)` f32 tensor to the file `path` as little-endian f32.
-fn write_rows(out: &mut impl Write, embeddings: &Tensor, path: &Path) -> Result<(), RetrieverError> {
+/// Appends the rows of an `(N, D)` f32 tensor to the file `path` as little-endian f32, adding them
+/// to the file's CRC-32.
+fn write_rows(
+    out: &mut impl Write,
+    crc: &mut Crc,
+    embeddings: &Tensor,
+    path: &Path,
+) -> Result<(), RetrieverError> {
     let host =
         Vec::<f32>::try_from(embeddings.to_device(Device::Cpu).flatten(0, -1)).map_err(ModelError::from)?;
     let bytes: Vec<u8> = host.iter().flat_map(|x| x.to_le_bytes()).collect();
+    crc.update(&bytes);
     out.write_all(&bytes).map_err(|source| RetrieverError::Io { path: path.to_path_buf(), source })
 }
 
@@ -158,7 +172,14 @@ impl DenseIndex {
                 encoder.dim()
             )));
         }
-        let embeddings = read_embeddings(&dir.join(EMBEDDINGS), store.len(), dim, device)?;
+        let path = dir.join(EMBEDDINGS);
+        if manifest.embeddings_crc32.is_none() {
+            tracing::warn!(
+                path = %path.display(),
+                "the manifest has no embeddings_crc32 (built by an older kart): the embeddings are not checked"
+            );
+        }
+        let embeddings = read_embeddings(&path, store.len(), dim, manifest.embeddings_crc32, device)?;
         Ok(DenseIndex { store, search: Mutex::new(Search { encoder, embeddings }) })
     }
 
@@ -231,8 +252,14 @@ fn top_k(queries: &Tensor, embeddings: &Tensor, k: i64, slice: i64) -> (Tensor, 
 }
 
 /// Reads `rows` x `dim` little-endian f32 from `path` into one tensor on `device`, a few thousand
-/// rows at a time.
-fn read_embeddings(path: &Path, rows: u64, dim: usize, device: Device) -> Result<Tensor, RetrieverError> {
+/// rows at a time, refusing a file whose CRC-32 is not `crc32` (when given).
+fn read_embeddings(
+    path: &Path,
+    rows: u64,
+    dim: usize,
+    crc32: Option<u32>,
+    device: Device,
+) -> Result<Tensor, RetrieverError> {
     let io_error = |source| RetrieverError::Io { path: path.to_path_buf(), source };
     let mut file = File::open(path).map_err(io_error)?;
     let size = file.metadata().map_err(io_error)?.len();
@@ -248,11 +275,13 @@ fn read_embeddings(path: &Path, rows: u64, dim: usize, device: Device) -> Result
     }
     let embeddings = Tensor::empty([rows as i64, dim as i64], (Kind::Float, device));
     let mut bytes = vec![0u8; READ_ROWS * dim * 4];
+    let mut crc = Crc::new();
     let mut start = 0;
     while start < rows {
         let len = (rows - start).min(READ_ROWS as u64) as usize;
         let bytes = &mut bytes[..len * dim * 4];
         file.read_exact(bytes).map_err(io_error)?;
+        crc.update(bytes);
         let values: Vec<f32> =
             bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
         embeddings
@@ -260,7 +289,17 @@ fn read_embeddings(path: &Path, rows: u64, dim: usize, device: Device) -> Result
             .copy_(&Tensor::from_slice(&values).view([len as i64, dim as i64]));
         start += len as u64;
     }
-    Ok(embeddings)
+    match crc32 {
+        Some(expected) if crc.sum() != expected => Err(RetrieverError::Index {
+            path: path.to_path_buf(),
+            reason: format!(
+                "damaged: CRC-32 {:08x}, but the manifest says {expected:08x}; rebuild the index with \
+                 `kart retriever index`",
+                crc.sum()
+            ),
+        }),
+        _ => Ok(embeddings),
+    }
 }
 
 #[cfg(test)]
@@ -315,6 +354,7 @@ mod tests {
         assert_eq!(index.num_docs(), 6);
         let manifest = index.store().manifest();
         assert_eq!((manifest.method, manifest.dim), (Method::Dense, Some(384)));
+        assert!(manifest.embeddings_crc32.is_some());
         assert_eq!(manifest.encoder.as_ref().unwrap().model, Some(std::fs::canonicalize(&model).unwrap()));
 
         let queries: Vec<String> = [
@@ -381,7 +421,12 @@ mod tests {
         let Some(model) = minilm() else { return };
         let (_dir, out) = index(&model);
         let path = out.join(EMBEDDINGS);
-        let bytes = std::fs::read(&path).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[100] ^= 0x01;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = DenseIndex::open(&out, Device::Cpu).err().unwrap().to_string();
+        assert!(err.starts_with(&format!("{}: damaged: CRC-32 ", path.display())), "{err}");
+        bytes[100] ^= 0x01;
         std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
         let err = DenseIndex::open(&out, Device::Cpu).err().unwrap().to_string();
         assert_eq!(
@@ -403,6 +448,34 @@ mod tests {
         let expected =
             format!("the embeddings have dimension 768 but the encoder {} produces 384", model.display());
         assert!(err.starts_with(&out.display().to_string()) && err.contains(&expected), "{err}");
+    }
+
+    #[test]
+    fn damaged_embeddings_are_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(EMBEDDINGS);
+        let (rows, dim) = (40_000u64, 3usize);
+        let values: Vec<f32> = (0..rows as usize * dim).map(|i| i as f32 * 0.5).collect();
+        let mut file = BufWriter::new(File::create(&path).unwrap());
+        let mut crc = Crc::new();
+        write_rows(&mut file, &mut crc, &Tensor::from_slice(&values).view([rows as i64, dim as i64]), &path)
+            .unwrap();
+        file.into_inner().unwrap().sync_all().unwrap();
+        let crc32 = crc.sum();
+
+        let read = read_embeddings(&path, rows, dim, Some(crc32), Device::Cpu).unwrap();
+        assert_eq!(Vec::<f32>::try_from(read.flatten(0, -1)).unwrap(), values);
+        let unchecked = read_embeddings(&path, rows, dim, None, Device::Cpu);
+        assert!(unchecked.is_ok(), "an index without a checksum is read unchecked");
+
+        // One flipped bit past the first slice of rows read.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[READ_ROWS * dim * 4 + 5] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
+        let err = read_embeddings(&path, rows, dim, Some(crc32), Device::Cpu).err().unwrap().to_string();
+        let expected = format!("{}: damaged: CRC-32 ", path.display());
+        assert!(err.starts_with(&expected), "{err}");
+        assert!(err.contains(&format!("the manifest says {crc32:08x}")), "{err}");
     }
 
     #[test]

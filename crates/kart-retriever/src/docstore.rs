@@ -7,7 +7,9 @@
 //! and finds them by ordinal, the row of their embedding.
 //!
 //! The manifest is written last, once every document is committed and merged, so a folder without
-//! one is an index whose build did not finish, and [`DocStore::open`] refuses it.
+//! one is an index whose build did not finish, and [`DocStore::open`] refuses it. Opening also
+//! checks every file of the index against the checksum tantivy wrote in its footer, so a damaged
+//! file is an error naming it, never a panic in a search.
 //!
 //! The index is sorted by ordinal: however the indexing threads shared the documents out, the
 //! merged segment holds them in corpus order, so equal scores rank in corpus order and the same
@@ -26,6 +28,7 @@ use kart_core::config::retriever::{EncoderConfig, Method};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::thread::available_parallelism;
+use tantivy::directory::error::OpenReadError;
 use tantivy::indexer::{IndexWriterOptions, NoMergePolicy};
 use tantivy::schema::{
     FAST, Field, INDEXED, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions, Value,
@@ -78,6 +81,10 @@ pub struct Manifest {
     /// Embedding dimension (dense indexes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dim: Option<usize>,
+    /// CRC-32 of the embeddings file (dense indexes; absent in indexes built before kart wrote it,
+    /// whose embeddings are then read unchecked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embeddings_crc32: Option<u32>,
 }
 
 /// The fields of the document index.
@@ -272,12 +279,14 @@ pub struct DocStore {
 }
 
 impl DocStore {
-    /// Opens the index in `dir` after reading its manifest ([`Manifest::read`]).
+    /// Opens the index in `dir` after reading its manifest ([`Manifest::read`]) and checking the
+    /// checksum of every file of the index (which reads them all once).
     pub fn open(dir: &Path) -> Result<Self, RetrieverError> {
         let manifest = Manifest::read(dir)?;
         let index_error = |reason: String| RetrieverError::Index { path: dir.to_path_buf(), reason };
         let tantivy_error = |source| RetrieverError::Tantivy { path: dir.to_path_buf(), source };
         let index = Index::open_in_dir(dir).map_err(tantivy_error)?;
+        verify_checksums(dir, &index)?;
         index.tokenizers().register(ANALYZER, english_analyzer());
         let fields = Fields::of(&index.schema()).map_err(tantivy_error)?;
         let reader =
@@ -376,12 +385,43 @@ impl DocStore {
     }
 }
 
+/// Refuses an index one of whose files does not match the checksum in its footer, or has no
+/// readable footer, naming the file.
+fn verify_checksums(dir: &Path, index: &Index) -> Result<(), RetrieverError> {
+    const REBUILD: &str = "rebuild the index with `kart retriever index`";
+    let damaged = index.validate_checksum().map_err(|error| match error {
+        tantivy::TantivyError::OpenReadError(OpenReadError::IoError { io_error, filepath }) => {
+            let reason = format!("damaged or unreadable: its footer cannot be read ({io_error}); {REBUILD}");
+            RetrieverError::Index { path: dir.join(filepath), reason }
+        }
+        tantivy::TantivyError::OpenReadError(OpenReadError::FileDoesNotExist(path)) => {
+            RetrieverError::Index { path: dir.join(path), reason: format!("missing; {REBUILD}") }
+        }
+        source => RetrieverError::Tantivy { path: dir.to_path_buf(), source },
+    })?;
+    let mut damaged: Vec<PathBuf> = damaged.into_iter().collect();
+    damaged.sort();
+    let Some(first) = damaged.first() else { return Ok(()) };
+    let others = match damaged.len() {
+        1 => String::new(),
+        n => format!(" ({} other files too: {})", n - 1, names(&damaged[1..])),
+    };
+    Err(RetrieverError::Index {
+        path: dir.join(first),
+        reason: format!("damaged: its contents do not match the checksum written with it{others}; {REBUILD}"),
+    })
+}
+
+fn names(paths: &[PathBuf]) -> String {
+    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn manifest(method: Method) -> Manifest {
-        Manifest { format: FORMAT, method, documents: 0, encoder: None, dim: None }
+        Manifest { format: FORMAT, method, documents: 0, encoder: None, dim: None, embeddings_crc32: None }
     }
 
     fn passages(n: usize) -> Vec<Passage> {
@@ -446,6 +486,84 @@ mod tests {
             err.starts_with(&format!("{}: no kart-index.json: not a kart index", dir.path().display())),
             "{err}"
         );
+    }
+
+    /// The files of the index's segments (named by the segment's id, a 32-digit hex uuid).
+    fn segment_files(dir: &Path) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| {
+                let name = path.file_name().unwrap().to_str().unwrap();
+                name.split('.')
+                    .next()
+                    .is_some_and(|id| id.len() == 32 && id.chars().all(|c| c.is_ascii_hexdigit()))
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// A copy of the index folder `from` in a new temporary folder.
+    fn copy_index(from: &Path) -> tempfile::TempDir {
+        let to = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, to.path().join(path.file_name().unwrap())).unwrap();
+        }
+        to
+    }
+
+    /// Overwrites `len` bytes of `path` from `start` with pseudo-random bytes.
+    pub(crate) fn scribble(path: &Path, start: usize, len: usize) {
+        let mut bytes = std::fs::read(path).unwrap();
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        for byte in &mut bytes[start..start + len] {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *byte = state as u8;
+        }
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_segment_file_is_refused_at_open_naming_it() {
+        let built = tempfile::tempdir().unwrap();
+        let mut writer = DocStoreWriter::create(built.path(), true, 50_000_000).unwrap();
+        for passage in &passages(2000) {
+            writer.add(passage).unwrap();
+        }
+        writer.finish(manifest(Method::Bm25)).unwrap();
+        DocStore::open(built.path()).unwrap();
+        let files = segment_files(built.path());
+        let extensions: Vec<&str> = files.iter().map(|f| f.extension().unwrap().to_str().unwrap()).collect();
+        assert!(extensions.contains(&"store") && extensions.contains(&"idx"), "{extensions:?}");
+
+        for file in &files {
+            let name = file.file_name().unwrap();
+            // The reproduction: half of one file overwritten with random bytes.
+            let copy = copy_index(built.path());
+            let path = copy.path().join(name);
+            let len = std::fs::metadata(&path).unwrap().len() as usize;
+            scribble(&path, 0, len / 2);
+            let error = DocStore::open(copy.path()).err().map(|e| e.to_string());
+            // The checksum does not match, or (in a file whose first half holds its footer) the
+            // footer holding it is damaged too.
+            let expected = [": damaged: its contents do not match the checksum", ": damaged or unreadable: "]
+                .map(|what| format!("{}{what}", path.display()));
+            let named = error.as_ref().is_some_and(|e| expected.iter().any(|x| e.starts_with(x)));
+            assert!(named, "{name:?}: {error:?}");
+            assert!(error.unwrap().ends_with("rebuild the index with `kart retriever index`"));
+
+            // The footer holding the checksum itself damaged.
+            let copy = copy_index(built.path());
+            let path = copy.path().join(name);
+            scribble(&path, len - 8, 8);
+            let error = DocStore::open(copy.path()).err().map(|e| e.to_string());
+            let expected = format!("{}: damaged or unreadable: its footer cannot be read", path.display());
+            assert!(error.as_ref().is_some_and(|e| e.starts_with(&expected)), "{name:?}: {error:?}");
+        }
     }
 
     #[test]

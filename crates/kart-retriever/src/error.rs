@@ -26,4 +26,28 @@ pub enum RetrieverError {
     /// The dense encoder failed.
     #[error(transparent)]
     Model(#[from] kart_model::ModelError),
+    /// A bug: a task panicked or failed unexpectedly. `reason` says how (a panic's message); the
+    /// server logs it and answers 500 without it.
+    #[error("{what} failed unexpectedly: {reason}")]
+    Internal { what: &'static str, reason: String },
+}
+
+impl RetrieverError {
+    /// The error of a blocking task that did not finish: a panic with its message, or cancelled.
+    pub(crate) fn task_failed(what: &'static str, error: tokio::task::JoinError) -> Self {
+        let reason = match error.try_into_panic() {
+            Ok(payload) => format!("panicked: {}", panic_message(payload.as_ref())),
+            Err(error) => error.to_string(),
+        };
+        RetrieverError::Internal { what, reason }
+    }
+}
+
+/// The message of a panic's payload (`panic!` gives a `&str` or a `String`).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(message), _) => message.to_string(),
+        (_, Some(message)) => message.clone(),
+        _ => "a panic without a message".into(),
+    }
 }

@@ -5,22 +5,30 @@
 //! `{"result": [[{"document": {"id", "contents", "title", "text"}, "score"}, …], …]}`, or the bare
 //! documents when `return_scores` is false, exactly as Search-R1's `retrieval_server.py`. Bad input
 //! gets a 4xx JSON error naming the field; the index loads in the background while `/readyz` says
-//! 503, so a large index never blocks liveness probes.
+//! 503, so a large index never blocks liveness probes. An index that fails to load (a file whose
+//! checksum does not match among them) ends the process with the error: the service never becomes
+//! ready on it.
+//!
+//! A failing upstream (Serper, Jina) is a 502; a failing local index a 500; a bug (a panic in a
+//! handler or in a search) a 500 whose cause is logged, not returned.
 
 use crate::online::{OnlineSearch, PageReader};
 use crate::{LocalIndex, RetrieverError};
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::post;
+use futures::FutureExt;
 use kart_core::agent::search_r1::RetrievalResult;
 use kart_core::config::retriever::{MAX_TOPK, Method, RetrieverConfig};
 use kart_http::metrics;
 use kart_http::{self as http, ApiError, Readiness};
 use prometheus::{HistogramVec, IntCounterVec, IntGauge, Registry};
 use serde_json::{Value, json};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -62,7 +70,7 @@ impl Backend {
                 let index = index.clone();
                 tokio::task::spawn_blocking(move || index.search_batch(&queries, topk))
                     .await
-                    .map_err(|e| RetrieverError::Upstream { service: "index", reason: e.to_string() })?
+                    .map_err(|e| RetrieverError::task_failed("the index search", e))?
             }
             Backend::Serper(search) => search.search_batch(&queries, topk).await,
         }
@@ -111,7 +119,7 @@ impl Metrics {
             errors: metrics::counter_vec(
                 registry,
                 "kart_retriever_errors_total",
-                "Requests that failed, by endpoint and kind (bad_request, not_ready, backend)",
+                "Requests that failed, by endpoint and kind (bad_request, not_ready, too_large, backend, internal)",
                 &["endpoint", "kind"],
             ),
             documents: metrics::gauge(registry, "kart_retriever_documents", "Documents in the loaded index"),
@@ -163,18 +171,51 @@ pub fn router(state: Arc<AppState>, registry: Registry) -> Router {
     Router::new()
         .route("/retrieve", post(retrieve))
         .route("/access", post(access))
+        .route_layer(middleware::from_fn_with_state(state.clone(), contain_panics))
         .with_state(state)
         .merge(ops)
 }
 
+/// Answers a request whose handler panicked with a 500, logging the panic's message (the response
+/// does not carry it) and counting it as an `internal` error of the endpoint.
+async fn contain_panics(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let path = request.uri().path().to_string();
+    match AssertUnwindSafe(next.run(request)).catch_unwind().await {
+        Ok(response) => response,
+        Err(payload) => {
+            let cause = crate::error::panic_message(payload.as_ref());
+            tracing::error!(path, cause, "a request handler panicked");
+            let response = internal_error("body").into_response();
+            observe(&state, path.trim_start_matches('/'), started, &response, Some("internal"));
+            response
+        }
+    }
+}
+
+/// A 500 naming `field`, saying no more than that the cause is in the log.
+fn internal_error(field: &str) -> ApiError {
+    ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        field: field.into(),
+        message: "internal error; the retriever's log has the cause".into(),
+    }
+}
+
 /// Runs the service until SIGINT/SIGTERM: binds first, loads the backend in the background.
 pub async fn run(config: RetrieverConfig) -> Result<(), RetrieverError> {
-    let registry = Registry::new();
     let addr = http::bind_address(&config.host, config.port);
-    let state = AppState::new(config.clone(), &registry)?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|source| RetrieverError::Io { path: addr.clone().into(), source })?;
+    serve(listener, config).await
+}
+
+/// [`run`] on a bound listener.
+async fn serve(listener: tokio::net::TcpListener, config: RetrieverConfig) -> Result<(), RetrieverError> {
+    let registry = Registry::new();
+    let addr = listener.local_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let state = AppState::new(config.clone(), &registry)?;
     tracing::info!(%addr, method = ?config.method, "retriever listening");
     let loading = state.clone();
     let load_registry = registry.clone();
@@ -192,11 +233,10 @@ pub async fn run(config: RetrieverConfig) -> Result<(), RetrieverError> {
         }
         Err(e) => {
             server.abort();
-            return Err(RetrieverError::Upstream { service: "index loader", reason: e.to_string() });
+            return Err(RetrieverError::task_failed("loading the index", e));
         }
     }
-    let served =
-        server.await.map_err(|e| RetrieverError::Upstream { service: "server", reason: e.to_string() })?;
+    let served = server.await.map_err(|e| RetrieverError::task_failed("the server", e))?;
     served.map_err(|source| RetrieverError::Io { path: addr.into(), source })
 }
 
@@ -318,13 +358,7 @@ async fn answer_retrieve(state: &AppState, body: Body) -> Result<Vec<u8>, (&'sta
     })?;
     let topk = request.topk.unwrap_or(state.config.topk);
     let n = request.queries.len() as u64;
-    let results = backend.retrieve(request.queries, topk).await.map_err(|e| {
-        tracing::warn!(error = %e, "retrieval failed");
-        (
-            "backend",
-            ApiError { status: StatusCode::BAD_GATEWAY, field: "queries".into(), message: e.to_string() },
-        )
-    })?;
+    let results = backend.retrieve(request.queries, topk).await.map_err(backend_error)?;
     let method = format!("{:?}", state.config.method).to_lowercase();
     state.metrics.queries.with_label_values(&[&method]).inc_by(n);
     let result: Vec<Value> = results
@@ -350,6 +384,24 @@ async fn answer_retrieve(state: &AppState, body: Body) -> Result<Vec<u8>, (&'sta
         ));
     }
     Ok(json)
+}
+
+/// The answer to a failed retrieval: 502 when an upstream service failed, 500 when the local index
+/// did, and a bare 500 for a bug (its cause logged only).
+fn backend_error(error: RetrieverError) -> (&'static str, ApiError) {
+    let (status, kind) = match &error {
+        RetrieverError::Internal { .. } => {
+            tracing::error!(%error, "retrieval failed");
+            return ("internal", internal_error("queries"));
+        }
+        RetrieverError::Upstream { .. } => (StatusCode::BAD_GATEWAY, "backend"),
+        RetrieverError::BadRequest { field, reason } => {
+            return ("bad_request", ApiError::invalid(*field, reason.clone()));
+        }
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "backend"),
+    };
+    tracing::warn!(%error, "retrieval failed");
+    (kind, ApiError { status, field: "queries".into(), message: error.to_string() })
 }
 
 async fn access(State(state): State<Arc<AppState>>, body: Body) -> Response {
@@ -555,6 +607,151 @@ mod tests {
             text.contains("kart_retriever_errors_total{endpoint=\"retrieve\",kind=\"bad_request\"} 5"),
             "{text}"
         );
+    }
+
+    /// An index whose every search panics, as a bug or a damaged file would make it.
+    struct Panicking;
+
+    impl LocalIndex for Panicking {
+        fn search_batch(&self, _: &[String], _: usize) -> Result<Vec<Vec<RetrievalResult>>, RetrieverError> {
+            panic!("Compressed array seems too small");
+        }
+        fn num_docs(&self) -> u64 {
+            10
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_search_is_a_500_without_its_message() {
+        let (router, state, registry) = service(1 << 20);
+        state.set_backend(Backend::Local(Arc::new(Panicking)));
+        for _ in 0..2 {
+            let (status, v) = post(&router, "/retrieve", r#"{"queries": ["a", "b"]}"#).await;
+            assert_eq!(
+                (status, v["error"]["field"].as_str()),
+                (StatusCode::INTERNAL_SERVER_ERROR, Some("queries"))
+            );
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(!message.contains("Compressed") && !message.contains("panicked"), "{message}");
+        }
+        let (status, _) = post(&router, "/retrieve", r#"{"queries": []}"#).await;
+        assert_eq!(status, StatusCode::OK, "the server keeps serving");
+        let text = kart_http::metrics::encode(&registry);
+        assert!(
+            text.contains(r#"kart_retriever_errors_total{endpoint="retrieve",kind="internal"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kart_retriever_requests_total{code="500",endpoint="retrieve"} 2"#),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_task_names_its_panic() {
+        let joined = tokio::task::spawn_blocking(|| panic!("index {} broke", 7)).await;
+        let error = RetrieverError::task_failed("the index search", joined.unwrap_err());
+        assert_eq!(error.to_string(), "the index search failed unexpectedly: panicked: index 7 broke");
+        let (kind, api) = backend_error(error);
+        assert_eq!((kind, api.status), ("internal", StatusCode::INTERNAL_SERVER_ERROR));
+        assert!(!api.message.contains("broke"), "{}", api.message);
+        let upstream = RetrieverError::Upstream { service: "serper", reason: "HTTP 503".into() };
+        assert_eq!(backend_error(upstream).1.status, StatusCode::BAD_GATEWAY);
+    }
+
+    async fn explode() -> &'static str {
+        panic!("handler bug {}", 42)
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_a_500() {
+        let registry = Registry::new();
+        let state = AppState::new(RetrieverConfig::default(), &registry).unwrap();
+        let router = Router::new()
+            .route("/explode", axum::routing::post(explode))
+            .route_layer(middleware::from_fn_with_state(state.clone(), contain_panics))
+            .with_state(state);
+        let (status, v) = post(&router, "/explode", "{}").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!v["error"]["message"].as_str().unwrap().contains("42"), "{v}");
+        let text = kart_http::metrics::encode(&registry);
+        assert!(
+            text.contains(r#"kart_retriever_errors_total{endpoint="explode",kind="internal"} 1"#),
+            "{text}"
+        );
+    }
+
+    /// A BM25 index of a few passages in a new temporary folder.
+    fn bm25_index() -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path().join("corpus.jsonl");
+        let rows: Vec<String> = (0..300)
+            .map(|i| {
+                json!({"id": i.to_string(), "contents": format!("\"Title {i}\"\npassage number {i}")})
+                    .to_string()
+            })
+            .collect();
+        std::fs::write(&corpus, rows.join("\n")).unwrap();
+        let index = dir.path().join("index");
+        crate::bm25::build(&corpus, &index, 50_000_000, |_, _, _| {}).unwrap();
+        (dir, index)
+    }
+
+    /// `serve`s `index` on a free port; returns the task and the base URL.
+    async fn serve_index(
+        index: &std::path::Path,
+    ) -> (tokio::task::JoinHandle<Result<(), RetrieverError>>, String) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let config = RetrieverConfig { index: Some(index.to_path_buf()), ..RetrieverConfig::default() };
+        (tokio::spawn(serve(listener, config)), url)
+    }
+
+    #[tokio::test]
+    async fn a_damaged_index_never_becomes_ready_and_ends_the_server() {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        let ((_sound_dir, sound), (_damaged_dir, damaged)) = (bm25_index(), bm25_index());
+
+        // A sound index: ready, and searched.
+        let (server, url) = serve_index(&sound).await;
+        loop {
+            let ready = client.get(format!("{url}/readyz")).send().await.is_ok_and(|r| r.status() == 200);
+            if ready {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the sound index never became ready");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let answer =
+            client.post(format!("{url}/retrieve")).json(&json!({"queries": ["passage 7"]})).send().await;
+        assert_eq!(answer.unwrap().status(), 200);
+        server.abort();
+
+        // Half of the document store overwritten: the server ends with the error naming the file,
+        // and no /readyz in between says ready.
+        let store = std::fs::read_dir(&damaged)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "store"))
+            .unwrap();
+        let len = std::fs::metadata(&store).unwrap().len() as usize;
+        crate::docstore::tests::scribble(&store, 0, len / 2);
+        let (mut server, url) = serve_index(&damaged).await;
+        let ended = loop {
+            tokio::select! {
+                ended = &mut server => break ended.unwrap(),
+                answer = client.get(format!("{url}/readyz")).send() => {
+                    if let Ok(answer) = answer {
+                        assert_eq!(answer.status(), 503, "a damaged index made the server ready");
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+            assert!(Instant::now() < deadline, "the server with a damaged index kept running");
+        };
+        let error = ended.unwrap_err().to_string();
+        assert!(error.starts_with(&format!("{}: damaged", store.display())), "{error}");
     }
 
     #[tokio::test]

@@ -72,8 +72,16 @@ pub struct OnlineConfig {
     pub jina_url: String,
     /// Results cached (LRU), across queries and pages.
     pub cache_entries: usize,
+    /// Bytes each cache (Serper results, page text) holds at most, keys and values counted: the
+    /// least recently used entries are evicted to stay under it, and an answer larger than it is
+    /// not cached. 0 caches nothing.
+    pub cache_bytes: usize,
     /// Requests in flight toward each upstream service.
     pub concurrency: usize,
+    /// Page reads in flight toward one host (the page URL's host name or address, any port), so a
+    /// slow host holds at most this many of the `concurrency` slots and other hosts keep being
+    /// read. At least 1.
+    pub per_host_concurrency: usize,
     /// Timeout of one upstream request in seconds.
     pub timeout_secs: f64,
     /// Retries after a failed upstream request, with exponential backoff.
@@ -95,7 +103,9 @@ impl Default for OnlineConfig {
             serper_url: "https://google.serper.dev/search".into(),
             jina_url: "https://r.jina.ai".into(),
             cache_entries: 10_000,
+            cache_bytes: 256 << 20,
             concurrency: 32,
+            per_host_concurrency: 4,
             timeout_secs: 20.0,
             retries: 3,
             backoff_ms: 200,

@@ -7,7 +7,13 @@ use prometheus::{Registry, TextEncoder};
 /// Serves `router` on a free local port and returns its base URL (`http://127.0.0.1:PORT`). The
 /// listener is bound before this returns, so it is ready: connections queue until it accepts them.
 pub(super) async fn serve(router: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_on("127.0.0.1", router).await
+}
+
+/// Serves `router` on a free port of the loopback address `ip` (`127.0.0.2`: another host than
+/// [`serve`]'s) and returns its base URL.
+pub(super) async fn serve_on(ip: &str, router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     format!("http://{address}")
@@ -20,7 +26,9 @@ pub(super) fn config() -> OnlineConfig {
         serper_url: String::new(),
         jina_url: String::new(),
         cache_entries: 16,
+        cache_bytes: 1 << 20,
         concurrency: 4,
+        per_host_concurrency: 4,
         timeout_secs: 10.0,
         retries: 2,
         backoff_ms: 1,

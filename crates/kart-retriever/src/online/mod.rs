@@ -2,8 +2,9 @@
 //! and page reading for ASearcher's `<access>` tool ([`PageReader`]: the Jina reader when a key is
 //! set, else a direct fetch converted from HTML to text).
 //!
-//! Both cache their answers (LRU, `cache_entries` each), limit the requests in flight toward each
-//! upstream service (`concurrency`), time out each request (`timeout_secs`) and retry transport
+//! Both cache their answers (LRU, at most `cache_entries` and `cache_bytes` each), limit the
+//! requests in flight toward each upstream service (`concurrency`; page reads also toward each
+//! host, `per_host_concurrency`), time out each request (`timeout_secs`) and retry transport
 //! errors, 429 and 5xx with exponential backoff (`retries`, `backoff_ms`). They export
 //! - `kart_retriever_cache_requests_total{backend="serper"|"page", result="hit"|"miss"}`,
 //! - `kart_retriever_upstream_requests_total{service="serper"|"jina"|"web", outcome="ok"|"error"|"retry"}`,
@@ -17,6 +18,7 @@ mod address;
 mod cache;
 #[cfg(test)]
 mod fake;
+mod hosts;
 mod page;
 mod serper;
 mod upstream;

@@ -1,10 +1,13 @@
 //! Page reading for ASearcher's `<access>` tool: the Jina reader (`GET {jina_url}/{url}` with
 //! `Authorization: Bearer KEY`) when a key is set, as in ASearcher's `OnlineSearchClient.access`,
 //! else a direct `GET` of the page, HTML converted to text and other text passed through. Direct
-//! reads reach public addresses only (see [`super::address`]).
+//! reads reach public addresses only (see [`super::address`]). At most `per_host_concurrency` reads
+//! of one host are in flight (waiting ones hold none of the `concurrency` slots), so a host that
+//! answers slowly or never cannot take every slot.
 
 use super::address::AddressPolicy;
 use super::cache::Cache;
+use super::hosts::HostLimits;
 use super::upstream::{ApiKey, Upstream};
 use crate::RetrieverError;
 use futures::future::join_all;
@@ -23,7 +26,8 @@ const TEXT_WIDTH: usize = 10_000;
 pub struct PageReader {
     via: Via,
     upstream: Upstream,
-    cache: Cache<String, String>,
+    hosts: HostLimits,
+    cache: Cache<String, Arc<str>>,
     /// Bytes of text one request returns at most.
     budget: usize,
 }
@@ -67,8 +71,15 @@ impl PageReader {
         };
         Ok(PageReader {
             upstream: Upstream::new(service, config, policy, registry)?,
+            hosts: HostLimits::new(config.per_host_concurrency)?,
             via,
-            cache: Cache::new("page", config.cache_entries, registry)?,
+            cache: Cache::new(
+                "page",
+                config.cache_entries,
+                config.cache_bytes,
+                |url: &String, text: &Arc<str>| url.len() + text.len(),
+                registry,
+            )?,
             budget: config.access_budget_bytes,
         })
     }
@@ -89,7 +100,7 @@ impl PageReader {
             join_all(distinct.iter().map(|url| self.read(url)))
                 .await
                 .into_iter()
-                .map(|page| page.map(Arc::from).map_err(Arc::new))
+                .map(|page| page.map_err(Arc::new))
                 .collect();
         let mut spent = 0usize;
         urls.iter()
@@ -111,7 +122,7 @@ impl PageReader {
     }
 
     /// One page, from the cache or from upstream.
-    async fn read(&self, url: &str) -> Result<String, RetrieverError> {
+    async fn read(&self, url: &str) -> Result<Arc<str>, RetrieverError> {
         let parsed =
             Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
                 RetrieverError::BadRequest { field: "urls", reason: format!("{url:?} is not an http(s) URL") }
@@ -125,7 +136,9 @@ impl PageReader {
         if let Some(text) = self.cache.get(url) {
             return Ok(text);
         }
-        let text = match &self.via {
+        // Held through retries and backoff: a host that keeps failing is not tried more often.
+        let _slot = self.hosts.acquire(parsed.host_str().unwrap_or_default()).await;
+        let text: Arc<str> = match &self.via {
             Via::Jina { base, api_key } => {
                 let request = || {
                     self.upstream
@@ -134,14 +147,14 @@ impl PageReader {
                         .header(AUTHORIZATION, api_key.header())
                 };
                 let ((), body) = self.upstream.fetch(url, request, |_| Ok(())).await?;
-                String::from_utf8_lossy(&body).into_owned()
+                String::from_utf8_lossy(&body).into()
             }
             Via::Web(_) => {
                 let request = || self.upstream.client().get(parsed.clone());
                 let (format, body) = self.upstream.fetch(url, request, format_of).await?;
                 match format {
-                    Format::Text => String::from_utf8_lossy(&body).into_owned(),
-                    Format::Html => self.html_to_text(url, body).await?,
+                    Format::Text => String::from_utf8_lossy(&body).into(),
+                    Format::Html => self.html_to_text(url, body).await?.into(),
                 }
             }
         };
@@ -150,7 +163,7 @@ impl PageReader {
     }
 
     /// Converts a page off the async runtime (large pages take a while); a failure or a panic of
-    /// the converter is an error naming the URL.
+    /// the converter is an error naming the URL (a panic's message is logged, not returned).
     async fn html_to_text(&self, url: &str, html: Vec<u8>) -> Result<String, RetrieverError> {
         let converted = tokio::task::spawn_blocking(move || {
             html2text::config::plain().string_from_read(html.as_slice(), TEXT_WIDTH)
@@ -159,7 +172,11 @@ impl PageReader {
         let reason = match converted {
             Ok(Ok(text)) => return Ok(text),
             Ok(Err(e)) => e.to_string(),
-            Err(e) => e.to_string(),
+            Err(e) => {
+                // Logged, not returned: a panic's message is not the page's.
+                tracing::error!(url, error = %RetrieverError::task_failed("converting HTML", e));
+                "the converter failed unexpectedly".to_string()
+            }
         };
         Err(RetrieverError::Upstream {
             service: self.upstream.service(),
@@ -190,6 +207,7 @@ impl fmt::Debug for PageReader {
         f.debug_struct("PageReader")
             .field("via", &self.via)
             .field("upstream", &self.upstream)
+            .field("hosts", &self.hosts)
             .field("cache", &self.cache)
             .finish()
     }
@@ -198,7 +216,7 @@ impl fmt::Debug for PageReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::online::fake::{config, sample, serve};
+    use crate::online::fake::{config, sample, serve, serve_on};
     use crate::online::upstream::MAX_BODY_BYTES;
     use axum::http::header::CONTENT_TYPE;
     use axum::http::{HeaderMap, StatusCode, Uri};
@@ -206,6 +224,7 @@ mod tests {
     use axum::{Router, routing::get};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     const KEY: &str = "jina-secret-9c1e";
     /// A page URL handed to the Jina fake; nothing ever connects to it (`.invalid` never resolves).
@@ -339,10 +358,7 @@ mod tests {
             let to = to.clone();
             async move { (StatusCode::FOUND, [(axum::http::header::LOCATION, to)]) }
         });
-        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
-        let address = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        format!("http://{address}")
+        serve_on(ip, router).await
     }
 
     #[tokio::test]
@@ -375,6 +391,97 @@ mod tests {
             }
         }
         assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing reached the internal page server");
+    }
+
+    /// A server of pages of `size` bytes of text at every path, counting requests.
+    async fn pages_of(size: usize) -> (String, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = calls.clone();
+        let router = Router::new().fallback(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(([(CONTENT_TYPE, "text/plain")], "x".repeat(size)))
+        });
+        (serve(router).await, calls)
+    }
+
+    #[tokio::test]
+    async fn the_page_cache_stays_within_cache_bytes_and_still_hits() {
+        let (web, calls) = pages_of(10_000).await;
+        let url = |i: usize| format!("{web}/page/{i:03}");
+        let entry = url(0).len() + 10_000 + size_of::<(String, Arc<str>)>();
+        // Room for 3 pages, not 4; plenty of entries.
+        let config: OnlineConfig = serde_json::from_value(serde_json::json!({
+            "cache_entries": 10_000,
+            "cache_bytes": 4 * entry - 1,
+            "allow_internal": ["127.0.0.1"],
+        }))
+        .unwrap();
+        let reader = PageReader::new(&config, None, &Registry::new()).unwrap();
+
+        for i in 0..150 {
+            reader.access(&[url(i)]).await.remove(0).unwrap();
+            let (entries, bytes) = reader.cache.usage();
+            assert!(
+                bytes < 4 * entry && entries == (i + 1).min(3),
+                "{entries} pages, {bytes} bytes after {i}"
+            );
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 150);
+        // The last three pages are served from the cache, an older one is read again.
+        let again: Vec<String> = (147..150).map(url).collect();
+        assert!(
+            reader.access(&again).await.iter().all(|page| page.as_ref().is_ok_and(|p| p.len() == 10_000))
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 150);
+        reader.access(&[url(146)]).await.remove(0).unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 151);
+    }
+
+    #[tokio::test]
+    async fn a_slow_host_holds_only_its_own_slots() {
+        // 127.0.0.2 takes requests and never answers; the fake web on 127.0.0.1 answers at once.
+        let (seen, mut slow_requests) = tokio::sync::watch::channel(0usize);
+        let seen = Arc::new(seen);
+        let hanging = Router::new().fallback(move || {
+            seen.send_modify(|n| *n += 1);
+            std::future::pending::<&'static str>()
+        });
+        let slow = serve_on("127.0.0.2", hanging).await;
+        let (fast, fast_calls) = fake_web().await;
+        let config: OnlineConfig = serde_json::from_value(serde_json::json!({
+            "concurrency": 4,
+            "per_host_concurrency": 2,
+            "timeout_secs": 300.0,
+            "allow_internal": ["127.0.0.0/8"],
+        }))
+        .unwrap();
+        let reader = Arc::new(PageReader::new(&config, None, &Registry::new()).unwrap());
+
+        // Twice as many reads of the slow host as the reader has slots in all.
+        let stuck: Vec<String> = (0..8).map(|i| format!("{slow}/page/{i}")).collect();
+        let waiting = tokio::spawn({
+            let reader = reader.clone();
+            async move { reader.access(&stuck).await }
+        });
+        let limit = Duration::from_secs(30);
+        tokio::time::timeout(limit, slow_requests.wait_for(|&n| n >= 2)).await.unwrap().unwrap();
+
+        let urls = [format!("{fast}/page.html"), format!("{fast}/notes.txt")];
+        let pages = tokio::time::timeout(limit, reader.access(&urls)).await;
+        let pages = pages.expect("the fast host's pages wait behind the slow host's");
+
+        assert!(pages.iter().all(Result::is_ok), "{pages:?}");
+        assert_eq!(fast_calls.load(Ordering::SeqCst), 2);
+        assert_eq!(*slow_requests.borrow(), 2, "per_host_concurrency bounds the slow host's reads");
+        assert!(!waiting.is_finished());
+        waiting.abort();
+    }
+
+    #[test]
+    fn a_per_host_concurrency_of_zero_is_refused_naming_it() {
+        let config = OnlineConfig { per_host_concurrency: 0, ..config() };
+        let error = PageReader::new(&config, None, &Registry::new()).unwrap_err().to_string();
+        assert_eq!(error, "online.per_host_concurrency: must be at least 1, got 0");
     }
 
     #[tokio::test]

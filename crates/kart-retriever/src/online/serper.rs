@@ -63,7 +63,13 @@ impl OnlineSearch {
             url,
             api_key: ApiKey::plain("SERPER_API_KEY", api_key)?,
             upstream: Upstream::new("serper", config, None, registry)?,
-            cache: Cache::new("serper", config.cache_entries, registry)?,
+            cache: Cache::new(
+                "serper",
+                config.cache_entries,
+                config.cache_bytes,
+                |(query, _): &(String, usize), hits: &Vec<RetrievalResult>| weigh(query, hits),
+                registry,
+            )?,
         })
     }
 
@@ -123,6 +129,19 @@ impl OnlineSearch {
         self.cache.put(key, hits.clone());
         Ok(hits)
     }
+}
+
+/// The heap bytes of a cached search: the query and each result's text.
+fn weigh(query: &str, hits: &[RetrievalResult]) -> usize {
+    let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    query.len()
+        + hits
+            .iter()
+            .map(|hit| {
+                let d = &hit.document;
+                size_of::<RetrievalResult>() + d.id.len() + d.contents.len() + text(&d.title) + text(&d.text)
+            })
+            .sum::<usize>()
 }
 
 /// The first `topk` organic results with a title or a snippet, as scored passages.
@@ -302,6 +321,29 @@ mod tests {
             sample(&registry, "kart_retriever_upstream_latency_seconds_count{service=\"serper\"}"),
             2.0
         );
+    }
+
+    #[tokio::test]
+    async fn the_cache_holds_searches_within_cache_bytes() {
+        let serper = FakeSerper::start(|_| organic(2)).await;
+        let registry = Registry::new();
+        let sized = serper.client(&Registry::new());
+        let hits = sized.search_batch(&["q0".into()], 2).await.unwrap().remove(0);
+        let entry = weigh("q0", &hits) + size_of::<((String, usize), Vec<RetrievalResult>)>();
+        // Room for one search of a two-letter query, not two.
+        let config: OnlineConfig = serde_json::from_value(json!({ "cache_bytes": entry * 3 / 2 })).unwrap();
+        let config = OnlineConfig { serper_url: serper.url.clone(), ..config };
+        let search = OnlineSearch::new(&config, None, &registry).unwrap();
+
+        for query in ["q1", "q2", "q2", "q1"] {
+            search.search_batch(&[query.into()], 2).await.unwrap();
+            assert_eq!(search.cache.usage(), (1, entry));
+        }
+
+        // q2 was a hit; q1 was evicted by q2 and searched again.
+        assert_eq!(serper.calls(), 1 + 3);
+        let hits = r#"kart_retriever_cache_requests_total{backend="serper",result="hit"}"#;
+        assert_eq!(sample(&registry, hits), 1.0);
     }
 
     #[tokio::test]
