@@ -2,7 +2,8 @@
 # Prepares a fresh machine for building and testing kart. Idempotent: a second run only checks.
 # - a project-local Python virtualenv (.venv) with PyTorch (libtorch for the tch crate) and the
 #   Python packages the tests compare against (scripts/requirements.txt);
-# - checks the Rust toolchain (cargo, rustfmt, clippy);
+# - checks the Rust toolchain (cargo, rustfmt, clippy) and installs cargo-fuzz (into ~/.cargo/bin)
+#   for `make fuzz-smoke`;
 # - promtool and the Prometheus server (Debian package `prometheus`) for the chart tests;
 # - gloo's headers (Debian package `libgloo-dev`), which c10d's Gloo header includes and torch's
 #   wheel leaves out, for kart-torch's c10d shim (only the headers: gloo's code is libtorch's own);
@@ -19,6 +20,10 @@ done
 for component in fmt clippy; do
   cargo "$component" --version >/dev/null 2>&1 || rustup component add "$( [ "$component" = fmt ] && echo rustfmt || echo clippy )"
 done
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-fuzz from crates.io"
+  env -u CARGO_TARGET_DIR cargo install --locked --quiet cargo-fuzz --version 0.13.2
+fi
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating virtualenv $venv"
