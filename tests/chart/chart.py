@@ -183,7 +183,9 @@ def check_rbac(objects: list[dict], values: dict, scenario: str) -> None:
     for role in roles:
         for rule in role["rules"]:
             check("*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], f"{scenario}: wildcard in {role['metadata']['name']}")
-            check("secrets" not in rule["resources"], f"{scenario}: {role['metadata']['name']} grants secrets")
+            # Secrets only to create and read back each RolloutPool's token: never listed or watched.
+            if "secrets" in rule["resources"]:
+                check(rule["resources"] == ["secrets"] and set(rule["verbs"]) <= {"get", "create", "patch"}, f"{scenario}: {role['metadata']['name']} grants secrets beyond get/create/patch")
     if not values.get("rbac", {}).get("create", True):
         check(not roles and not find(objects, "RoleBinding") and not find(objects, "ClusterRoleBinding"), f"{scenario}: RBAC rendered with rbac.create false")
         return
@@ -286,7 +288,7 @@ def check_dashboards(objects: list[dict], values: dict, scenario: str) -> None:
 def check_network_policies(objects: list[dict], values: dict, scenario: str) -> None:
     policies = find(objects, "NetworkPolicy")
     settings = values.get("networkPolicy", {})
-    if not settings.get("enabled", False):
+    if not settings.get("enabled", True):
         check(not policies, f"{scenario}: NetworkPolicies rendered while disabled")
         return
     operator = [p for p in policies if p["metadata"]["namespace"] == NAMESPACE and p["spec"]["podSelector"]["matchLabels"].get("app.kubernetes.io/name") == "kart-operator"]
@@ -313,6 +315,7 @@ SCENARIOS = {
     "prometheusRule": {"prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}},
     "grafanaDashboards": {"grafanaDashboards": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "kart"}}},
     "networkPolicy": {"networkPolicy": {"enabled": True, "metricsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}},
+    "networkPolicy.enabled=false": {"networkPolicy": {"enabled": False}},
     "everything, watched namespaces": {
         "watchNamespaces": ["team-a"],
         "replicaCount": 2,

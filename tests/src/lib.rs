@@ -126,6 +126,34 @@ pub fn write_capitals(dir: &Path) {
     write("test.jsonl", questions(2, "t"));
 }
 
+/// The capitals world ([`write_capitals`]) in `dir`, indexed with BM25 in `dir/index` and served
+/// by `kart retriever serve` on a free loopback port: the server, once ready, and its URL.
+pub fn capitals_retriever(dir: &Path) -> (Child, String) {
+    write_capitals(dir);
+    let index = dir.join("index");
+    let status = std::process::Command::new(binary("kart"))
+        .args(["retriever", "index", "--method", "bm25", "--corpus"])
+        .arg(dir.join("corpus.jsonl"))
+        .arg("--out")
+        .arg(&index)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let port = free_port();
+    let mut child = Child(
+        std::process::Command::new(binary("kart"))
+            .args(["retriever", "serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--index"])
+            .arg(&index)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    wait_ready(&format!("{url}/readyz"), &mut child, std::time::Duration::from_secs(60));
+    (child, url)
+}
+
 /// The records of a training run's `metrics.jsonl` in `output_dir`, in order.
 pub fn step_records(output_dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(output_dir.join("metrics.jsonl"))

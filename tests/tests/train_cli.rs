@@ -3,7 +3,8 @@
 //! to the worker, and a run killed with SIGKILL resumes from its checkpoint with the same data order.
 
 use kart_tests::{
-    Child, binary, free_port, fresh_dir, shared_dir, step_records, steps_logged, wait_ready, write_capitals,
+    Child, binary, capitals_retriever, free_port, fresh_dir, shared_dir, step_records, steps_logged,
+    wait_ready,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -20,36 +21,7 @@ struct Services {
 }
 
 fn start_services(dir: &Path) -> Services {
-    write_capitals(dir);
-    let index = dir.join("index");
-    let status = Command::new(binary("kart"))
-        .args(["retriever", "index", "--method", "bm25", "--corpus"])
-        .arg(dir.join("corpus.jsonl"))
-        .arg("--out")
-        .arg(&index)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-
-    let retriever_port = free_port();
-    let mut retriever = Child(
-        Command::new(binary("kart"))
-            .args([
-                "retriever",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &retriever_port.to_string(),
-                "--index",
-            ])
-            .arg(&index)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_ready(&format!("http://127.0.0.1:{retriever_port}/readyz"), &mut retriever, Duration::from_secs(60));
+    let (retriever, retriever_url) = capitals_retriever(dir);
 
     let worker_port = free_port();
     let worker_config = dir.join("rollout.json");
@@ -58,7 +30,7 @@ fn start_services(dir: &Path) -> Services {
         "port": worker_port,
         "model": shared_dir().join("fixtures/models/tiny-qwen2"),
         "engine": {"kind": "embedded", "max_batch": 16},
-        "retriever_url": format!("http://127.0.0.1:{retriever_port}"),
+        "retriever_url": retriever_url,
     });
     std::fs::write(&worker_config, config.to_string()).unwrap();
     let mut worker = Child(

@@ -71,6 +71,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+# Each RolloutPool's token Secret: created once, read back, never listed or watched.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

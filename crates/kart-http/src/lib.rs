@@ -3,6 +3,7 @@
 //! graceful shutdown; [`metrics`] registers the `kart_` Prometheus metrics they export.
 
 pub mod metrics;
+pub mod token;
 
 use axum::Json;
 use axum::Router;

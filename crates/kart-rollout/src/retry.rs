@@ -4,7 +4,6 @@
 pub use kart_core::config::retry::RetryPolicy;
 use kart_core::engine::{Engine, EngineError, EngineOutput};
 use kart_core::generation::GenerationRequest;
-use std::time::Duration;
 
 /// Generates with `engine`, retrying retryable failures per `policy`.
 pub async fn generate(
@@ -12,18 +11,17 @@ pub async fn generate(
     request: GenerationRequest,
     policy: &RetryPolicy,
 ) -> Result<EngineOutput, EngineError> {
-    let mut delay = Duration::from_millis(policy.backoff_ms);
+    let mut delays = policy.backoff().take(policy.retries as usize);
     let mut attempt = 0;
     loop {
         match engine.generate(request.clone()).await {
             Ok(output) => return Ok(output),
-            Err(e) if e.is_retryable() && attempt < policy.retries => {
+            Err(e) => {
+                let Some(delay) = e.is_retryable().then(|| delays.next()).flatten() else { return Err(e) };
                 attempt += 1;
                 tracing::warn!(engine = engine.name(), attempt, error = %e, "generation failed; retrying");
                 tokio::time::sleep(delay).await;
-                delay *= 2;
             }
-            Err(e) => return Err(e),
         }
     }
 }

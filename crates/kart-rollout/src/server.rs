@@ -15,16 +15,18 @@
 use crate::env::{self, Context, ContextError, Environment};
 use crate::group::run_group;
 use crate::metrics::RolloutMetrics;
-use crate::weights::{LoadError, WeightLoader};
+use crate::weights::{Downloader, LoadError, WeightLoader};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::post;
+use kart_core::config::ConfigError;
 use kart_core::config::rollout::RolloutConfig;
 use kart_core::engine::{Engine, LoadWeights};
 use kart_core::wire::{InvalidField, RolloutLine, RolloutRequest, WeightSource};
+use kart_http::token::{Token, TokenError};
 use kart_http::{self as http, ApiError, Readiness};
 use prometheus::Registry;
 use serde_json::json;
@@ -40,6 +42,10 @@ const RETRY_AFTER_SECS: u32 = 1;
 pub enum WorkerError {
     #[error(transparent)]
     Context(#[from] ContextError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Token(#[from] TokenError),
     #[error("listen on {addr}: {source}")]
     Listen { addr: String, source: std::io::Error },
 }
@@ -62,6 +68,8 @@ pub struct Worker {
     groups: Arc<Semaphore>,
     /// Trajectories of the requests being answered.
     in_flight: Arc<AtomicUsize>,
+    /// What `/rollout` and `/weights` requests must bear.
+    token: Option<Token>,
     config: RolloutConfig,
 }
 
@@ -83,11 +91,16 @@ impl Worker {
     pub fn build(
         config: RolloutConfig,
         engine: WorkerEngine,
+        token: Option<Token>,
         registry: &Registry,
     ) -> Result<Self, WorkerError> {
         let metrics = RolloutMetrics::new(registry);
-        let ctx = Context::build(&config.context, engine.engine, &config.model, None)?;
-        let weights = engine.weights.map(|target| WeightLoader::new(target, 0, metrics.weight_loads.clone()));
+        let ctx = Context::build(&config.context, &config.env, engine.engine, &config.model, None)?;
+        config.weight_sources.validate()?;
+        let downloader = Downloader::new(config.weight_download.clone(), token.as_ref())?;
+        let weights = engine
+            .weights
+            .map(|target| WeightLoader::new(target, 0, downloader, metrics.weight_loads.clone()));
         Ok(Worker {
             env: env::build(&config.env),
             ctx,
@@ -95,6 +108,7 @@ impl Worker {
             metrics,
             groups: Arc::new(Semaphore::new(config.max_concurrent_groups.max(1))),
             in_flight: Arc::default(),
+            token,
             config,
         })
     }
@@ -169,9 +183,11 @@ fn invalid(error: InvalidField) -> ApiError {
 pub fn router(worker: Arc<Worker>, registry: Registry) -> Router {
     let ready = Readiness::default();
     ready.set(true);
+    let token = worker.token.clone();
     Router::new()
         .route("/rollout", post(rollout))
         .route("/weights", post(weights))
+        .route_layer(axum::middleware::from_fn_with_state(token, kart_http::token::require))
         .with_state(worker)
         .merge(http::ops_routes(registry, ready))
 }
@@ -180,7 +196,9 @@ pub fn router(worker: Arc<Worker>, registry: Registry) -> Router {
 pub async fn run(config: RolloutConfig, engine: WorkerEngine) -> Result<(), WorkerError> {
     let registry = Registry::new();
     let addr = http::bind_address(&config.host, config.port);
-    let worker = tokio::task::block_in_place(|| Worker::build(config, engine, &registry))?;
+    let token = Token::from_env()?;
+    http::token::log_state("rollout worker", token.as_ref());
+    let worker = tokio::task::block_in_place(|| Worker::build(config, engine, token, &registry))?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|source| WorkerError::Listen { addr: addr.clone(), source })?;
@@ -214,6 +232,11 @@ async fn rollout(State(worker): State<Arc<Worker>>, body: Body) -> Response {
         }
         Err(e) => return e.into_response(),
     };
+    if let Some(source) = &request.weights
+        && let Err(e) = worker.config.weight_sources.admits(source)
+    {
+        return invalid(e.within("weights")).into_response();
+    }
     if let (Some(loader), Some(source)) = (&worker.weights, &request.weights)
         && let Err(e) = loader.ensure(source).await
     {
@@ -275,6 +298,7 @@ async fn load_weights(worker: &Worker, body: Body) -> Result<i64, ApiError> {
     let body = http::read_json(body, worker.config.max_body_bytes).await?;
     let source: WeightSource = http::from_json(body)?;
     source.validate().map_err(invalid)?;
+    worker.config.weight_sources.admits(&source).map_err(invalid)?;
     let loader = worker.weights.as_ref().ok_or_else(|| ApiError {
         status: StatusCode::CONFLICT,
         field: "engine".into(),
@@ -333,7 +357,7 @@ mod tests {
             RolloutConfig { model: kart_testing::model("tiny-qwen2"), ..RolloutConfig::default() };
         config.context.retry = RetryPolicy { retries: 0, backoff_ms: 1 };
         configure(&mut config);
-        let worker = Worker::build(config, engine, &registry).unwrap();
+        let worker = Worker::build(config, engine, None, &registry).unwrap();
         (Arc::new(worker), registry)
     }
 
@@ -459,6 +483,44 @@ mod tests {
         let settings = json!({"prompts": prompts(1), "env": {"kind": "search-r1", "max_turns": 1}});
         let response = post(app, "/rollout", settings).await;
         assert_eq!(response.status(), StatusCode::OK, "the same kind with other settings");
+    }
+
+    #[tokio::test]
+    async fn rollouts_and_weights_need_the_token_and_weights_an_admitted_source() {
+        let token = Token::new("pool-token", "test").unwrap();
+        let mut config =
+            RolloutConfig { model: kart_testing::model("tiny-qwen2"), ..RolloutConfig::default() };
+        config.weight_sources.url_prefixes = vec!["http://trainer:8002/weights/".into()];
+        let (engine, registry) = (Arc::new(answering_engine()), Registry::new());
+        let target: Arc<dyn LoadWeights> = engine.clone();
+        let engine = WorkerEngine { engine, weights: Some(target) };
+        let worker = Worker::build(config, engine, Some(token.clone()), &registry).unwrap();
+        let app = router(Arc::new(worker), registry);
+        let send = |uri: &'static str, body: serde_json::Value, bearer: bool| {
+            let mut request = axum::http::Request::post(uri).header(header::CONTENT_TYPE, "application/json");
+            if bearer {
+                request = request.header(header::AUTHORIZATION, token.authorization());
+            }
+            app.clone().oneshot(request.body(Body::from(body.to_string())).unwrap())
+        };
+        let evil = json!({"version": 999999, "url": "http://attacker/evil.safetensors"});
+        for (uri, body) in [("/weights", evil.clone()), ("/rollout", json!({"prompts": prompts(1)}))] {
+            let response = send(uri, body, false).await.unwrap();
+            assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{uri}");
+            assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        }
+        // With the token, a source outside weight_sources is still refused, naming the field.
+        let response = send("/weights", evil.clone(), true).await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&body).unwrap()["error"]["field"], "url");
+        let rollout = json!({"prompts": prompts(1), "weights": evil});
+        let response = send("/rollout", rollout, true).await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let response = send("/rollout", json!({"prompts": prompts(1)}), true).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let probe = axum::http::Request::get("/readyz").body(Body::empty()).unwrap();
+        assert_eq!(app.clone().oneshot(probe).await.unwrap().status(), StatusCode::OK, "probes stay open");
     }
 
     #[tokio::test]
@@ -597,6 +659,36 @@ mod tests {
             text.contains("kart_rollout_weight_loads_total{outcome=\"error\",trigger=\"pull\"} 1"),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_request_for_the_held_version_completes_while_another_download_hangs() {
+        let (good, _) = testing::serve(StatusCode::OK).await;
+        let (silent, hanging) = testing::serve_silence().await;
+        let (worker, registry) = loading_worker();
+        let app = router(worker, registry);
+        let held = json!({"version": 1, "url": format!("{good}/weights/1")});
+        assert_eq!(lines(post(app.clone(), "/rollout", short_rollout(held.clone())).await).await.len(), 2);
+        let newer = json!({"version": 2, "url": format!("{silent}/weights/2")});
+        let stuck = tokio::spawn(post(app.clone(), "/rollout", short_rollout(newer)));
+        testing::until_count(&hanging, 1).await;
+        let response = post(app, "/rollout", short_rollout(held)).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        for group in lines(response).await {
+            assert_eq!(versions(&group), HashSet::from([1]), "{group}");
+        }
+        assert!(!stuck.is_finished(), "the request for version 2 still waits for its download");
+    }
+
+    #[test]
+    fn weight_download_limits_out_of_range_stop_the_worker() {
+        let engine = testing::engine();
+        let mut config =
+            RolloutConfig { model: kart_testing::model("tiny-qwen2"), ..RolloutConfig::default() };
+        config.weight_download.max_bytes = 0;
+        let weights = WorkerEngine { engine: engine.clone(), weights: Some(engine) };
+        let error = Worker::build(config, weights, None, &Registry::new()).err().unwrap().to_string();
+        assert!(error.starts_with("weight_download.max_bytes = 0"), "{error}");
     }
 
     #[tokio::test]

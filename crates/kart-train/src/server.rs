@@ -1,5 +1,6 @@
 //! The trainer's HTTP server: `/status` (JSON the operator reads), `/weights/{version}` (the
-//! newest policy versions as safetensors, for workers that pull), `/healthz`, `/readyz`, `/metrics`.
+//! newest policy versions as safetensors, for workers that pull, bearing the token when there is
+//! one), `/healthz`, `/readyz`, `/metrics`.
 
 use super::weights::WeightStore;
 use axum::Router;
@@ -8,6 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
+use kart_http::token::Token;
 use kart_http::{ApiError, Readiness};
 use prometheus::Registry;
 use serde::{Deserialize, Serialize};
@@ -74,10 +76,17 @@ struct AppState {
 }
 
 /// The trainer's routes.
-pub fn router(status: StatusHandle, weights: WeightStore, registry: Registry, ready: Readiness) -> Router {
+pub fn router(
+    status: StatusHandle,
+    weights: WeightStore,
+    registry: Registry,
+    ready: Readiness,
+    token: Option<Token>,
+) -> Router {
     Router::new()
-        .route("/status", get(|State(s): State<AppState>| async move { Json(s.status.get()) }))
         .route("/weights/{version}", get(weights_file))
+        .route_layer(axum::middleware::from_fn_with_state(token, kart_http::token::require))
+        .route("/status", get(|State(s): State<AppState>| async move { Json(s.status.get()) }))
         .with_state(AppState { status, weights })
         .merge(kart_http::ops_routes(registry, ready))
 }
@@ -140,7 +149,7 @@ mod tests {
         std::fs::write(&file, &bytes).unwrap();
         let weights = WeightStore::default();
         assert!(weights.publish(3, file, 2).is_empty());
-        let app = router(StatusHandle::default(), weights, Registry::new(), Readiness::default());
+        let app = router(StatusHandle::default(), weights, Registry::new(), Readiness::default(), None);
 
         let (status, len, body) = get(app.clone(), "/weights/3").await;
         assert_eq!(status, StatusCode::OK);
@@ -155,5 +164,30 @@ mod tests {
         let (status, _, body) = get(app, "/weights/latest").await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
         assert!(String::from_utf8_lossy(&body).contains("`latest` is not an integer"));
+    }
+
+    #[tokio::test]
+    async fn weights_are_served_only_to_the_bearer_of_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("v1.safetensors");
+        std::fs::write(&file, b"weights").unwrap();
+        let weights = WeightStore::default();
+        weights.publish(1, file, 2);
+        let token = Token::new("trainer-token", "test").unwrap();
+        let app = router(
+            StatusHandle::default(),
+            weights,
+            Registry::new(),
+            Readiness::default(),
+            Some(token.clone()),
+        );
+        assert_eq!(get(app.clone(), "/weights/1").await.0, StatusCode::UNAUTHORIZED);
+        let request = Request::get("/weights/1")
+            .header(header::AUTHORIZATION, token.authorization())
+            .body(Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(get(app, "/status").await.0, StatusCode::OK, "the operator reads /status without it");
     }
 }

@@ -21,6 +21,7 @@ use kart_core::config::ConfigError;
 use kart_core::config::train::{TrainConfig, WeightSync};
 use kart_core::generation::SamplingParams;
 use kart_core::wire::{Group, RolloutRequest, Task};
+use kart_http::token::Token;
 use kart_model::{CausalLm, EmbeddedEngine, ModelError, save_pretrained};
 use kart_retriever::docstore::Manifest;
 use kart_retriever::{InProcess, RetrieverError};
@@ -250,7 +251,7 @@ impl Trainer {
         registry: &Registry,
         status: StatusHandle,
         weights: WeightStore,
-        advertise_url: String,
+        serving: Serving,
     ) -> Result<Trainer, TrainError> {
         config.validate()?;
         let out = config.output_dir.clone();
@@ -269,7 +270,7 @@ impl Trainer {
         let device = learner.device();
         let tokenizer = Tokenizer::load(&config.model)?;
         let policy_dir = loaded.as_ref().map_or_else(|| config.model.clone(), Loaded::policy_dir);
-        let endpoints = Endpoints { registry, weights, advertise_url };
+        let endpoints = Endpoints { registry, weights, serving };
         let (pool, publisher) = connect(&config, &policy_dir, device, version, &tokenizer, endpoints)?;
         let resumed = loaded.as_ref().map(|l| l.state.step);
         let (log, dump) = open_outputs(&config, &tokenizer, resumed)?;
@@ -694,12 +695,21 @@ fn position(config: &TrainConfig, checkpoint: Option<&Loaded>) -> Result<(u64, i
     Ok((c.state.step, c.state.policy_version, sampler))
 }
 
-/// What the trainer offers the outside: its metrics registry, the weights it serves, and the URL
-/// workers reach those at.
+/// How rollout workers and this trainer reach each other.
+#[derive(Debug, Clone, Default)]
+pub struct Serving {
+    /// The URL workers reach this trainer's `/weights` at.
+    pub advertise_url: String,
+    /// The token the trainer's requests to workers bear and its `/weights` asks for.
+    pub token: Option<Token>,
+}
+
+/// What the trainer offers the outside: its metrics registry, the weights it serves, and how
+/// workers reach those.
 struct Endpoints<'a> {
     registry: &'a Registry,
     weights: WeightStore,
-    advertise_url: String,
+    serving: Serving,
 }
 
 /// Where trajectories come from and how new weights reach their engines: rollout workers at
@@ -723,7 +733,7 @@ fn connect(
         let local = config.rollout.index.as_deref().map(open_index).transpose()?;
         let ctx = Context::build(
             &config.rollout.context,
-            &config.env,
+            &config.rollout.env,
             Arc::new(engine.clone()),
             &config.model,
             local,
@@ -733,7 +743,8 @@ fn connect(
     }
     Ok(match &config.weight_sync {
         WeightSync::HttpPull { advertise_url } => {
-            let from = PullFrom::new(advertise_url.clone().unwrap_or(endpoints.advertise_url));
+            let token = endpoints.serving.token;
+            let from = PullFrom::new(advertise_url.clone().unwrap_or(endpoints.serving.advertise_url));
             // Requests in flight name at most `max_staleness` versions before the newest.
             let keep = usize::try_from(config.rollout.max_staleness).unwrap_or(usize::MAX);
             let dir = config.output_dir.join("weights");
@@ -743,11 +754,12 @@ fn connect(
                 dir,
                 endpoints.weights,
                 keep.saturating_add(1),
+                token.as_ref(),
             );
-            (Arc::new(RemotePool::new(urls, Some(from), timeout)), publisher)
+            (Arc::new(RemotePool::new(urls, Some(from), timeout, retry_deadline, token.as_ref())), publisher)
         }
         WeightSync::SglangDisk { path, urls: servers } => (
-            Arc::new(RemotePool::new(urls, None, timeout)),
+            Arc::new(RemotePool::new(urls, None, timeout, retry_deadline, endpoints.serving.token.as_ref())),
             Publisher::sglang_disk(path.clone(), servers.clone(), config.model.clone()),
         ),
     })

@@ -3,9 +3,10 @@
 //! - in process: the embedded engine gets copies of the tensors;
 //! - HTTP pull: the trainer writes `weights/v{version}.safetensors` and serves it at
 //!   `/weights/{version}`. Every `/rollout` request names its version and that URL, so a worker
-//!   that is behind (started late, or missed a push behind a Service) fetches it before
-//!   generating; pushing `POST /weights {version, url}` to each rollout URL is an optimisation
-//!   that loads one worker per URL ahead of the requests;
+//!   that is behind (started late, restarted, or missed a push behind a Service) fetches it
+//!   before generating; pushing `POST /weights {version, url}` to each rollout URL is an
+//!   optimisation that loads one worker per URL ahead of the requests, and a push that fails (a
+//!   worker restarting) is only logged;
 //! - SGLang from disk: the trainer writes a Hugging Face folder to a shared path and calls each
 //!   server's `/update_weights_from_disk`.
 
@@ -18,6 +19,7 @@ use kart_model::save_pretrained;
 
 use kart_core::engine::LoadWeightsError;
 use kart_core::wire::WeightSource;
+use kart_http::token::Token;
 use kart_model::EmbeddedEngine;
 use kart_model::save_safetensors;
 use serde_json::json;
@@ -111,24 +113,26 @@ pub enum Publisher {
 }
 
 impl Publisher {
-    /// An HTTP-pull publisher writing into `dir` and serving the newest `keep` versions.
+    /// An HTTP-pull publisher writing into `dir` and serving the newest `keep` versions, its
+    /// pushes to `workers` bearing `token`.
     pub fn http_pull(
         workers: Vec<String>,
         from: PullFrom,
         dir: PathBuf,
         store: WeightStore,
         keep: usize,
+        token: Option<&Token>,
     ) -> Self {
-        Publisher::HttpPull { workers, from, dir, store, keep, client: client() }
+        Publisher::HttpPull { workers, from, dir, store, keep, client: client(token) }
     }
 
     /// An SGLang publisher writing folders under `path`.
     pub fn sglang_disk(path: PathBuf, urls: Vec<String>, source_dir: PathBuf) -> Self {
-        Publisher::SglangDisk { path, urls, source_dir, client: client() }
+        Publisher::SglangDisk { path, urls, source_dir, client: client(None) }
     }
 
     /// Publishes the policy's weights as `version`; returns when every engine uses them (for HTTP
-    /// pull: when they are served and one worker per rollout URL uses them).
+    /// pull: when they are served and one worker per rollout URL that took the push uses them).
     pub async fn publish(&self, policy: &CausalLm, version: i64) -> Result<(), SyncError> {
         match self {
             Publisher::InProcess(engine) => {
@@ -144,10 +148,14 @@ impl Publisher {
                     let _ = std::fs::remove_file(old);
                 }
                 let body = json!(from.source(version));
-                let calls = workers
-                    .iter()
-                    .map(|w| post(client, format!("{}/weights", w.trim_end_matches('/')), &body));
-                futures::future::try_join_all(calls).await.map(drop)
+                let calls = workers.iter().map(|w| async {
+                    let pushed = post(client, format!("{}/weights", w.trim_end_matches('/')), &body).await;
+                    if let Err(error) = pushed {
+                        tracing::warn!(version, %error, "pushing weights failed; the worker loads them on its next request");
+                    }
+                });
+                futures::future::join_all(calls).await;
+                Ok(())
             }
             Publisher::SglangDisk { path, urls, source_dir, client } => {
                 let folder = path.join(format!("v{version}"));
@@ -175,8 +183,13 @@ impl Publisher {
     }
 }
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(600)).build().expect("an HTTP client")
+/// A client of kart's workers bearing `token`, or of SGLang servers without one.
+fn client(token: Option<&Token>) -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(600))
+        .default_headers(Token::client_headers(token))
+        .build()
+        .expect("an HTTP client")
 }
 
 fn write_safetensors(policy: &CausalLm, file: &Path) -> Result<(), ModelError> {

@@ -1,15 +1,30 @@
 //! The plain Kubernetes objects children are made of.
 
 use super::CONFIG_FILE;
+use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, Service, ServicePort,
-    ServiceSpec, VolumeResourceRequirements,
+    ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, Secret, Service,
+    ServicePort, ServiceSpec, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
+
+/// The key of a token Secret.
+pub const TOKEN_KEY: &str = "token";
+
+/// A Secret holding a fresh random token (32 bytes, hex) under [`TOKEN_KEY`]. The controller
+/// creates it once and never rewrites it, so each reconcile's fresh value goes unused.
+pub fn token_secret(meta: ObjectMeta) -> Secret {
+    let token: String = rand::random::<[u8; 32]>().iter().map(|b| format!("{b:02x}")).collect();
+    Secret {
+        metadata: meta,
+        data: Some(BTreeMap::from([(TOKEN_KEY.to_string(), ByteString(token.into_bytes()))])),
+        ..Secret::default()
+    }
+}
 
 /// A ConfigMap holding `text` as [`CONFIG_FILE`].
 pub fn config_map(meta: ObjectMeta, text: String) -> ConfigMap {

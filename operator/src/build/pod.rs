@@ -4,9 +4,9 @@
 use super::{CONFIG_DIR, Settings};
 use crate::crd::pod::PodOverrides;
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, HTTPGetAction,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Volume,
-    VolumeMount,
+    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SecretKeySelector, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -177,6 +177,25 @@ pub fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 /// An environment variable with a literal value.
 pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), ..EnvVar::default() }
+}
+
+/// The variable `name` set from `key` of Secret `secret`; the container waits for the Secret.
+pub fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    let selector = SecretKeySelector { name: secret.into(), key: key.into(), optional: Some(false) };
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource { secret_key_ref: Some(selector), ..EnvVarSource::default() }),
+        ..EnvVar::default()
+    }
+}
+
+/// The kart token of RolloutPool `pool` (its workers and the trainers using it), from its Secret.
+pub fn token_env(pool: &str) -> EnvVar {
+    secret_env(
+        kart_http::token::TOKEN_ENV,
+        &super::rollout_pool::token_secret_name(pool),
+        super::objects::TOKEN_KEY,
+    )
 }
 
 #[cfg(test)]

@@ -2,12 +2,12 @@
 //! `sglang` or `vllm` engine with `spec.inference`, the inference server Deployment and Service.
 
 use super::meta::{self, child};
-use super::objects::{config_map, deployment, service};
-use super::pod::{ContainerParts, config_mount, config_volume, template};
+use super::objects::{config_map, deployment, service, token_secret};
+use super::pod::{ContainerParts, config_mount, config_volume, template, token_env};
 use super::{InvalidSpec, ROLLOUT_PORT, SGLANG_PORT, Settings, VLLM_PORT, config_path, retriever};
 use crate::crd::RolloutPool;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kart_core::config::rollout::{EngineConfig, RolloutConfig};
 use kube::ResourceExt;
 use std::collections::BTreeMap;
@@ -21,6 +21,8 @@ pub struct RolloutPoolChildren {
     pub config_map: ConfigMap,
     pub deployment: Deployment,
     pub service: Service,
+    /// The token the workers and the trainers using the pool share (created once).
+    pub token: Secret,
     /// The inference servers, when the operator runs them.
     pub inference: Option<(Deployment, Service)>,
 }
@@ -28,6 +30,11 @@ pub struct RolloutPoolChildren {
 /// Name of the worker Deployment, Service and ConfigMap.
 pub fn workload_name(name: &str) -> String {
     format!("{name}-rollout")
+}
+
+/// Name of the Secret holding the pool's token.
+pub fn token_secret_name(name: &str) -> String {
+    format!("{name}-token")
 }
 
 /// The URL the trainer reaches the pool at.
@@ -117,6 +124,7 @@ pub fn children(pool: &RolloutPool, settings: &Settings) -> Result<RolloutPoolCh
             ports: vec![("http", ROLLOUT_PORT)],
             probes: Some(("/readyz", Some("/healthz"))),
             mounts: vec![config_mount()],
+            env: vec![token_env(&name)],
             ..ContainerParts::default()
         },
         vec![config_volume(&workload)],
@@ -136,6 +144,7 @@ pub fn children(pool: &RolloutPool, settings: &Settings) -> Result<RolloutPoolCh
             &[("http", ROLLOUT_PORT)],
             false,
         ),
+        token: token_secret(child(pool, &token_secret_name(&name), COMPONENT)),
         inference: inference(pool, settings),
     })
 }
@@ -207,6 +216,18 @@ mod tests {
         let worker = &d.template.spec.as_ref().unwrap().containers[0];
         assert_eq!(worker.args.as_ref().unwrap(), &["rollout", "serve", "--config", "/etc/kart/config.json"]);
         assert_eq!(worker.ports.as_ref().unwrap()[0].container_port, 8001);
+        // The token: a fresh 64-hex-digit value in the pool's Secret, which the workers read.
+        assert_eq!(c.token.metadata.name.as_deref(), Some("pool-token"));
+        let token = &c.token.data.as_ref().unwrap()["token"].0;
+        assert!(token.len() == 64 && token.iter().all(u8::is_ascii_hexdigit), "{token:?}");
+        let again = children(&pool, &Settings { image: "kart:test".into() }).unwrap();
+        assert_ne!(again.token.data.as_ref().unwrap()["token"].0, *token, "random, so created once");
+        let env = &worker.env.as_ref().unwrap()[0];
+        let secret = env.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!(
+            (env.name.as_str(), secret.name.as_str(), secret.key.as_str()),
+            ("KART_TOKEN", "pool-token", "token")
+        );
 
         let (server, service) = c.inference.as_ref().unwrap();
         assert_eq!(server.metadata.name.as_deref(), Some("pool-sglang"));

@@ -14,7 +14,7 @@
 use super::meta::{self, COMPLETION_INDEX, child};
 use super::objects::{claim, config_map, service};
 use super::pod::{
-    ContainerParts, STATUS_FILE, claim_volume, config_mount, config_volume, env, mount, template,
+    ContainerParts, STATUS_FILE, claim_volume, config_mount, config_volume, env, mount, template, token_env,
 };
 use super::{InvalidSpec, MASTER_PORT, Settings, TRAINER_PORT, config_path, retriever, rollout_pool};
 use crate::crd::TrainingJob;
@@ -267,13 +267,16 @@ pub fn job(tj: &TrainingJob, settings: &Settings, attempt: i32) -> Job {
             args,
             ports: vec![("http", TRAINER_PORT), ("rendezvous", MASTER_PORT)],
             probes: Some(("/healthz", None)),
-            env: vec![
+            env: [
                 env("MASTER_ADDR", master),
                 env("MASTER_PORT", MASTER_PORT.to_string()),
                 env("WORLD_SIZE", (spec.nodes * per_node).to_string()),
                 node_rank,
                 env("KART_STATUS_FILE", STATUS_FILE),
-            ],
+            ]
+            .into_iter()
+            .chain(spec.rollout_pool_ref.as_deref().map(token_env))
+            .collect(),
             mounts: vec![config_mount(), mount("checkpoints", &spec.checkpoint.mount_path, false)],
             ..ContainerParts::default()
         },
@@ -311,10 +314,11 @@ mod tests {
             .flatten()
             .map(|e| {
                 let v = e.value.clone().or_else(|| {
-                    e.value_from
-                        .as_ref()
-                        .and_then(|f| f.field_ref.as_ref())
-                        .map(|f| format!("fieldRef:{}", f.field_path))
+                    let from = e.value_from.as_ref()?;
+                    let field = from.field_ref.as_ref().map(|f| format!("fieldRef:{}", f.field_path));
+                    field.or_else(|| {
+                        from.secret_key_ref.as_ref().map(|s| format!("secret:{}/{}", s.name, s.key))
+                    })
                 });
                 (e.name.clone(), v.unwrap_or_default())
             })
@@ -406,6 +410,7 @@ mod tests {
             "fieldRef:metadata.annotations['batch.kubernetes.io/job-completion-index']"
         );
         assert!(!env.contains_key("RANK"), "the launcher gives each process its rank");
+        assert_eq!(env["KART_TOKEN"], "secret:pool-token/token", "the token of the pool it uses");
         let container = &spec.template.spec.as_ref().unwrap().containers[0];
         assert_eq!(container.args.as_ref().unwrap()[3..5], ["--nproc-per-node", "8"]);
         let labels = spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();

@@ -1,7 +1,7 @@
 //! The RolloutPool controller: worker Deployment, Service and ConfigMap, and the inference server
 //! Deployment and Service for SGLang or vLLM; readiness from the Deployments.
 
-use super::apply::apply;
+use super::apply::{apply, ensure};
 use super::kind::{Kind, Outcome, Watches};
 use super::{Context, Error};
 use crate::build::rollout_pool::{RolloutPoolChildren, children};
@@ -27,6 +27,7 @@ impl Kind for RolloutPool {
         children: RolloutPoolChildren,
         now: &Time,
     ) -> Result<Outcome<RolloutPoolStatus>, Error> {
+        ensure(ctx, &children.token).await?;
         apply(ctx, &children.config_map).await?;
         let inference = match &children.inference {
             Some((deployment, service)) => {

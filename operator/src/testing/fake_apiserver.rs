@@ -119,6 +119,7 @@ fn kind_of(plural: &str) -> String {
         ("pods", "Pod"),
         ("services", "Service"),
         ("configmaps", "ConfigMap"),
+        ("secrets", "Secret"),
         ("persistentvolumeclaims", "PersistentVolumeClaim"),
         ("deployments", "Deployment"),
         ("replicasets", "ReplicaSet"),

@@ -23,7 +23,7 @@
 use super::network::{self, Addresses};
 use super::objects;
 use super::rootfs::RootFs;
-use k8s_openapi::api::core::v1::{Container, Pod, Probe};
+use k8s_openapi::api::core::v1::{Container, Pod, Probe, Secret, SecretKeySelector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Api;
@@ -337,13 +337,14 @@ impl Kubelet {
             return Err(config("envFrom is not simulated".into()));
         }
         for var in container.env.iter().flatten() {
-            let value = match &var.value_from {
-                Some(source) => {
-                    let field_ref = source
-                        .field_ref
-                        .as_ref()
-                        .ok_or_else(|| config(format!("env {}: only fieldRef is simulated", var.name)))?;
-                    field(pod, &field_ref.field_path, ip).map_err(config)?
+            let value = match var.value_from.as_ref().map(|s| (&s.field_ref, &s.secret_key_ref)) {
+                Some((Some(field_ref), _)) => field(pod, &field_ref.field_path, ip).map_err(config)?,
+                Some((None, Some(key))) => self.secret_value(&namespace, key).await?,
+                Some(_) => {
+                    return Err(config(format!(
+                        "env {}: only fieldRef and secretKeyRef are simulated",
+                        var.name
+                    )));
                 }
                 None => var.value.clone().unwrap_or_default(),
             };
@@ -382,6 +383,20 @@ impl Kubelet {
             reported: None,
             name,
         })
+    }
+
+    /// The value of `key` in its Secret; as the kubelet does, waits while the Secret or the key is
+    /// missing.
+    async fn secret_value(&self, namespace: &str, key: &SecretKeySelector) -> Result<String, Waiting> {
+        let waiting = |m: String| ("CreateContainerConfigError", m);
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let secret =
+            secrets.get_opt(&key.name).await.map_err(|e| waiting(format!("secret {:?}: {e}", key.name)))?;
+        let value = secret
+            .and_then(|s| s.data?.remove(&key.key))
+            .ok_or_else(|| waiting(format!("secret {:?} or its key {:?} not found", key.name, key.key)))?;
+        String::from_utf8(value.0)
+            .map_err(|_| waiting(format!("secret {:?} key {:?} is not UTF-8", key.name, key.key)))
     }
 
     /// `value`, or the address of the Pod it names by DNS (`pod` itself has `ip`); waits while

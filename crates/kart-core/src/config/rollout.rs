@@ -5,8 +5,10 @@ use super::ConfigError;
 use super::env::EnvConfig;
 use super::retry::RetryPolicy;
 use super::sandbox::SandboxConfig;
+use super::weight_sources::WeightSources;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// The inference engine behind the worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -129,6 +131,50 @@ pub struct RolloutConfig {
     /// Trajectories (prompts x n) in flight per worker over all requests: a request that would
     /// pass it is answered 429 with `Retry-After`, one larger than it alone 422.
     pub max_trajectories: usize,
+    /// Limits of the embedded engine's weight downloads (a `url` weight source).
+    pub weight_download: WeightDownloadConfig,
+    /// Where weights may be loaded from.
+    pub weight_sources: WeightSources,
+}
+
+/// How patient a worker is with a weights server and how much it takes from it: a download that
+/// breaks a limit fails the requests waiting for that version, and only those.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct WeightDownloadConfig {
+    /// Seconds to open the connection to the server.
+    pub connect_timeout_secs: f64,
+    /// Seconds without a byte from the server (from the request until the response starts, then
+    /// between two reads of the body) before the download fails.
+    pub idle_timeout_secs: f64,
+    /// Largest weights file accepted, in bytes: a larger announced `Content-Length` is refused
+    /// before the body is read, and a body that grows past it is cut off.
+    pub max_bytes: u64,
+}
+
+impl Default for WeightDownloadConfig {
+    fn default() -> Self {
+        // 64 GiB: a 7B model in f32 (28 GB) or a 30B one in bf16 fits.
+        WeightDownloadConfig { connect_timeout_secs: 10.0, idle_timeout_secs: 30.0, max_bytes: 64 << 30 }
+    }
+}
+
+impl WeightDownloadConfig {
+    /// Checks what serde cannot, naming the field and the value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, secs) in [
+            ("connect_timeout_secs", self.connect_timeout_secs),
+            ("idle_timeout_secs", self.idle_timeout_secs),
+        ] {
+            if !(secs > 0.0 && Duration::try_from_secs_f64(secs).is_ok()) {
+                return Err(ConfigError::new(field, secs, "must be a positive number of seconds"));
+            }
+        }
+        if self.max_bytes == 0 {
+            return Err(ConfigError::new("max_bytes", self.max_bytes, "must be at least 1"));
+        }
+        Ok(())
+    }
 }
 
 impl Default for RolloutConfig {
@@ -143,6 +189,8 @@ impl Default for RolloutConfig {
             max_concurrent_groups: 256,
             max_body_bytes: 64 << 20,
             max_trajectories: 8192,
+            weight_download: WeightDownloadConfig::default(),
+            weight_sources: WeightSources::default(),
         }
     }
 }
@@ -160,6 +208,33 @@ mod tests {
         assert!(matches!(c.engine, EngineConfig::Sglang { ref urls, .. } if urls.len() == 1));
         let c: RolloutConfig = serde_json::from_str(r#"{"engine": {"kind": "embedded"}}"#).unwrap();
         assert_eq!(c.engine, EngineConfig::Embedded { max_batch: 64, seed: 0 });
+    }
+
+    #[test]
+    fn weight_download_limits_parse_and_are_checked() {
+        let c: RolloutConfig = serde_json::from_str(
+            r#"{"weight_download": {"connect_timeout_secs": 2, "idle_timeout_secs": 0.5, "max_bytes": 1024}}"#,
+        )
+        .unwrap();
+        let limits =
+            WeightDownloadConfig { connect_timeout_secs: 2.0, idle_timeout_secs: 0.5, max_bytes: 1024 };
+        assert_eq!(c.weight_download, limits);
+        assert_eq!(RolloutConfig::default().weight_download.max_bytes, 64 << 30);
+        assert_eq!(limits.validate(), Ok(()));
+        let err = |c: WeightDownloadConfig| c.validate().unwrap_err().within("weight_download").to_string();
+        assert_eq!(
+            err(WeightDownloadConfig { idle_timeout_secs: 0.0, ..limits.clone() }),
+            "weight_download.idle_timeout_secs = 0: must be a positive number of seconds"
+        );
+        assert!(
+            err(WeightDownloadConfig { connect_timeout_secs: f64::NAN, ..limits.clone() })
+                .starts_with("weight_download.connect_timeout_secs = NaN")
+        );
+        assert!(
+            err(WeightDownloadConfig { max_bytes: 0, ..limits }).starts_with("weight_download.max_bytes = 0")
+        );
+        let e = serde_json::from_str::<RolloutConfig>(r#"{"weight_download": {"timeout": 3}}"#).unwrap_err();
+        assert!(e.to_string().contains("timeout"), "{e}");
     }
 
     #[test]

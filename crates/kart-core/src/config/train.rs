@@ -368,6 +368,11 @@ pub struct RolloutSource {
     pub max_staleness: u64,
     /// Seconds to wait for one group before the request is retried.
     pub timeout_secs: f64,
+    /// Seconds the groups of a failed `/rollout` request (a worker unreachable or restarting, a
+    /// connection lost, an answer 5xx, 408 or 429) are sent again for, with backoff, each time
+    /// once a worker's `/readyz` answers, before they count as failed; 0 fails them at once.
+    /// Other refusals (4xx) fail them at once.
+    pub retry_deadline_secs: f64,
     /// Train on the groups recorded in this `rollouts.jsonl` (written with `dump_rollouts`), step
     /// by step in order, instead of generating: offline training, debugging, and deterministic
     /// runs.
@@ -388,6 +393,7 @@ impl Default for RolloutSource {
             sampling: Sampling::default(),
             max_staleness: 0,
             timeout_secs: 1800.0,
+            retry_deadline_secs: 120.0,
             replay: None,
             context: ContextConfig::default(),
         }
@@ -539,6 +545,10 @@ impl TrainConfig {
                 "must be positive",
             );
         }
+        let deadline = self.rollout.retry_deadline_secs;
+        if !(deadline >= 0.0 && std::time::Duration::try_from_secs_f64(deadline).is_ok()) {
+            return err("rollout.retry_deadline_secs", &deadline, "must be a number of seconds >= 0");
+        }
         if self.rollout.urls.is_empty()
             && self.rollout.context.retriever_url.is_none()
             && self.rollout.index.is_none()
@@ -643,6 +653,12 @@ mod tests {
         let mut c = valid();
         c.rollout.urls.clear();
         assert!(c.validate().unwrap_err().to_string().starts_with("rollout.index"));
+        let mut c = valid();
+        c.rollout.retry_deadline_secs = -1.0;
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "rollout.retry_deadline_secs = -1: must be a number of seconds >= 0"
+        );
         let mut c = valid();
         c.critic.optim.lr = -1.0;
         assert!(c.validate().unwrap_err().to_string().starts_with("critic.optim.lr = -1"));

@@ -19,7 +19,7 @@ use kart_tokenizer::{CHATML, ChatTemplate, Tokenizer};
 use kart_train::eval::Evaluation;
 use kart_train::record::keys;
 use kart_train::server::StatusHandle;
-use kart_train::trainer::{RunSummary, Trainer};
+use kart_train::trainer::{RunSummary, Serving, Trainer};
 use kart_train::weights::WeightStore;
 use prometheus::Registry;
 use serde::Serialize;
@@ -480,7 +480,7 @@ async fn reinforce(config: &Config, world: &WorldOnDisk, warm: &Path) -> anyhow:
             &registry,
             StatusHandle::default(),
             WeightStore::default(),
-            String::new(),
+            Serving::default(),
         )
     })?;
     Ok(trainer.run().await?)

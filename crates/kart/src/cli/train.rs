@@ -10,10 +10,11 @@ use anyhow::Context;
 use clap::Args;
 use kart_core::config::train::TrainConfig;
 use kart_http::Readiness;
+use kart_http::token::Token;
 use kart_torch::Ranks;
 use kart_train::follower::Follower;
 use kart_train::server::{Phase, StatusHandle, router};
-use kart_train::trainer::Trainer;
+use kart_train::trainer::{Serving, Trainer};
 use kart_train::weights::WeightStore;
 use prometheus::Registry;
 use std::path::PathBuf;
@@ -95,12 +96,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("listen on {addr}"))?;
         let port = listener.local_addr()?.port();
         tracing::info!(port, "trainer listening");
-        let app = router(status.clone(), weights.clone(), registry.clone(), ready.clone());
+        let token = Token::from_env()?;
+        kart_http::token::log_state("trainer", token.as_ref());
+        let app = router(status.clone(), weights.clone(), registry.clone(), ready.clone(), token.clone());
         tokio::spawn(async move { kart_http::serve(listener, app).await });
         let host = std::env::var("POD_IP").unwrap_or_else(|_| "127.0.0.1".into());
         let advertise = format!("http://{host}:{port}");
         let trainer = tokio::task::block_in_place(|| {
-            Trainer::build(config, args.resume, &ranks, &registry, status.clone(), weights, advertise)
+            let serving = Serving { advertise_url: advertise, token };
+            Trainer::build(config, args.resume, &ranks, &registry, status.clone(), weights, serving)
         })?;
         ready.set(true);
         // A pod being deleted, suspended or evicted gets SIGTERM: training stops at once (a step's
