@@ -14,10 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
-/// The variable holding the token itself.
-pub const TOKEN_ENV: &str = "KART_TOKEN";
-/// The variable naming a file that holds the token (a mounted Secret).
-pub const TOKEN_FILE_ENV: &str = "KART_TOKEN_FILE";
+pub use kart_core::wire::{TOKEN_ENV, TOKEN_FILE_ENV};
 
 /// A shared secret; never printed.
 #[derive(Clone, PartialEq, Eq)]

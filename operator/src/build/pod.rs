@@ -192,7 +192,7 @@ pub fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
 /// The kart token of RolloutPool `pool` (its workers and the trainers using it), from its Secret.
 pub fn token_env(pool: &str) -> EnvVar {
     secret_env(
-        kart_http::token::TOKEN_ENV,
+        kart_core::wire::TOKEN_ENV,
         &super::rollout_pool::token_secret_name(pool),
         super::objects::TOKEN_KEY,
     )

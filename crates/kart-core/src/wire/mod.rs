@@ -10,6 +10,12 @@ pub use rollout::{Group, MAX_N, RolloutLine, RolloutRequest};
 pub use task::{Task, TaskError};
 pub use weights::WeightSource;
 
+/// The environment variable holding the token kart's own processes share (`kart_http::token`;
+/// the operator sets it from each RolloutPool's Secret).
+pub const TOKEN_ENV: &str = "KART_TOKEN";
+/// The environment variable naming a file that holds that token.
+pub const TOKEN_FILE_ENV: &str = "KART_TOKEN_FILE";
+
 /// A field of a request out of its range: the field's path (`weights.url`, `prompts[2].id`) and
 /// why.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
