@@ -38,7 +38,9 @@ pub struct SandboxConfig {
     /// The bubblewrap executable, a path or a name looked up in the worker's `PATH`.
     pub bubblewrap: PathBuf,
     /// Host paths visible, read-only, inside the sandbox (`isolation: bubblewrap`); a symbolic
-    /// link is recreated as one, a missing path is skipped. The interpreter must be under one.
+    /// link is recreated as one, a missing path is skipped; one under `/tmp` or `/dev/shm` is
+    /// hidden by the sandbox's own. [`SandboxConfig::run_as`] must be able to reach each; the
+    /// interpreter must be under one.
     pub read_only_paths: Vec<PathBuf>,
     /// Size of each of the private `/tmp` and `/dev/shm` (`isolation: bubblewrap`), in bytes.
     pub tmpfs_bytes: u64,

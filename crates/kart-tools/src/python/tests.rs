@@ -148,6 +148,28 @@ async fn private_tmpfs_is_capped_by_tmpfs_bytes() {
 }
 
 #[tokio::test]
+async fn read_only_paths_and_run_as_shape_the_sandbox() {
+    use std::os::unix::fs::PermissionsExt;
+    // Not under /tmp, which the sandbox's own tmpfs covers, and reachable by the code's user.
+    let shared = tempfile::tempdir_in("/var/tmp").expect("temporary directory");
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::write(shared.path().join("visible"), "x").expect("written");
+    let mut paths = SandboxConfig::default().read_only_paths;
+    paths.push(shared.path().into());
+    let sandbox = sandbox(SandboxConfig {
+        read_only_paths: paths,
+        run_as: UserIds { uid: 64_998, gid: 64_998 },
+        ..config()
+    });
+    let code = format!(
+        "import os\nprint(os.getuid(), os.getgid(), sorted(os.listdir('{}')))",
+        shared.path().display()
+    );
+    assert_eq!(run(&sandbox, &code).await, ("64998 64998 ['visible']\n".into(), "Done".into()));
+    assert_eq!(sandbox.protections().uid, 64_998);
+}
+
+#[tokio::test]
 async fn the_environment_is_clean() {
     assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some(), "cargo sets it for tests");
     // Bubblewrap adds `PWD`, the working directory.
