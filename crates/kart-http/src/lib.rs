@@ -1,8 +1,10 @@
 //! What every kart HTTP service shares: JSON errors that name the offending field, bounded JSON
 //! bodies, the operational endpoints (`/healthz`, `/readyz`, `/metrics`), the listen address and
-//! graceful shutdown; [`metrics`] registers the `kart_` Prometheus metrics they export.
+//! graceful shutdown; [`metrics`] registers the `kart_` Prometheus metrics they export, [`token`]
+//! checks the token kart's processes share, [`panics`] answers a panicked handler with a 500.
 
 pub mod metrics;
+pub mod panics;
 pub mod token;
 
 use axum::Json;
@@ -34,6 +36,13 @@ impl ApiError {
     /// A 422: well-formed JSON whose field has the wrong type or value.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, field: field.into(), message: message.into() }
+    }
+}
+
+impl From<kart_core::wire::InvalidField> for ApiError {
+    /// A 422 naming the field.
+    fn from(error: kart_core::wire::InvalidField) -> Self {
+        ApiError::invalid(error.field, error.reason)
     }
 }
 

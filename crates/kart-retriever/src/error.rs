@@ -36,18 +36,9 @@ impl RetrieverError {
     /// The error of a blocking task that did not finish: a panic with its message, or cancelled.
     pub(crate) fn task_failed(what: &'static str, error: tokio::task::JoinError) -> Self {
         let reason = match error.try_into_panic() {
-            Ok(payload) => format!("panicked: {}", panic_message(payload.as_ref())),
+            Ok(payload) => format!("panicked: {}", kart_http::panics::message(payload.as_ref())),
             Err(error) => error.to_string(),
         };
         RetrieverError::Internal { what, reason }
-    }
-}
-
-/// The message of a panic's payload (`panic!` gives a `&str` or a `String`).
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
-        (Some(message), _) => message.to_string(),
-        (_, Some(message)) => message.clone(),
-        _ => "a panic without a message".into(),
     }
 }

@@ -21,14 +21,13 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::post;
-use futures::FutureExt;
 use kart_core::agent::search_r1::RetrievalResult;
-use kart_core::config::retriever::{MAX_TOPK, Method, RetrieverConfig};
+use kart_core::config::retriever::{Method, RetrieverConfig};
+use kart_core::wire::{AccessRequest, RetrieveRequest};
 use kart_http::metrics;
 use kart_http::{self as http, ApiError, Readiness};
 use prometheus::{HistogramVec, IntCounterVec, IntGauge, Registry};
 use serde_json::{Value, json};
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -171,26 +170,22 @@ pub fn router(state: Arc<AppState>, registry: Registry) -> Router {
     Router::new()
         .route("/retrieve", post(retrieve))
         .route("/access", post(access))
-        .route_layer(middleware::from_fn_with_state(state.clone(), contain_panics))
+        .route_layer(middleware::from_fn(http::panics::contain))
+        .route_layer(middleware::from_fn_with_state(state.clone(), count_panics))
         .with_state(state)
         .merge(ops)
 }
 
-/// Answers a request whose handler panicked with a 500, logging the panic's message (the response
-/// does not carry it) and counting it as an `internal` error of the endpoint.
-async fn contain_panics(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+/// Counts a request whose handler panicked ([`http::panics::contain`] answered it) as an
+/// `internal` error of its endpoint.
+async fn count_panics(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let path = request.uri().path().to_string();
-    match AssertUnwindSafe(next.run(request)).catch_unwind().await {
-        Ok(response) => response,
-        Err(payload) => {
-            let cause = crate::error::panic_message(payload.as_ref());
-            tracing::error!(path, cause, "a request handler panicked");
-            let response = internal_error("body").into_response();
-            observe(&state, path.trim_start_matches('/'), started, &response, Some("internal"));
-            response
-        }
+    let endpoint = request.uri().path().trim_start_matches('/').to_string();
+    let response = next.run(request).await;
+    if response.extensions().get::<http::panics::Panicked>().is_some() {
+        observe(&state, &endpoint, started, &response, Some("internal"));
     }
+    response
 }
 
 /// A 500 naming `field`, saying no more than that the cause is in the log.
@@ -240,79 +235,6 @@ async fn serve(listener: tokio::net::TcpListener, config: RetrieverConfig) -> Re
     served.map_err(|source| RetrieverError::Io { path: addr.into(), source })
 }
 
-/// A parsed `/retrieve` request.
-#[derive(Debug, PartialEq)]
-struct RetrieveRequest {
-    queries: Vec<String>,
-    topk: Option<usize>,
-    return_scores: bool,
-}
-
-/// The fields of a `/retrieve` request (Search-R1's `QueryRequest`).
-const RETRIEVE_FIELDS: [&str; 3] = ["queries", "topk", "return_scores"];
-
-/// A `/retrieve` request within `config`'s bounds on queries and results.
-fn parse_retrieve(body: &Value, config: &RetrieverConfig) -> Result<RetrieveRequest, ApiError> {
-    let obj = body.as_object().ok_or_else(|| ApiError::invalid("body", "expected a JSON object"))?;
-    if let Some(unknown) = obj.keys().find(|k| !RETRIEVE_FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::invalid(
-            unknown.as_str(),
-            format!("unknown field; a request has {}", RETRIEVE_FIELDS.join(", ")),
-        ));
-    }
-    let queries = match obj.get("queries") {
-        None => return Err(ApiError::invalid("queries", "missing: expected a list of strings")),
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, q)| {
-                q.as_str().map(str::to_owned).ok_or_else(|| {
-                    ApiError::invalid(format!("queries[{i}]"), format!("expected a string, got {q}"))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(other) => {
-            return Err(ApiError::invalid("queries", format!("expected a list of strings, got {other}")));
-        }
-    };
-    if queries.len() > config.max_queries {
-        return Err(ApiError::invalid(
-            "queries",
-            format!("{} queries; at most {} per request", queries.len(), config.max_queries),
-        ));
-    }
-    let topk = match obj.get("topk") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_i64() {
-            Some(k) if (1..=MAX_TOPK as i64).contains(&k) => Some(k as usize),
-            _ => {
-                return Err(ApiError::invalid(
-                    "topk",
-                    format!("expected an integer from 1 to {MAX_TOPK} or null, got {v}"),
-                ));
-            }
-        },
-    };
-    let return_scores = match obj.get("return_scores") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(v) => return Err(ApiError::invalid("return_scores", format!("expected a boolean, got {v}"))),
-    };
-    let results = queries.len().saturating_mul(topk.unwrap_or(config.topk));
-    if results > config.max_results {
-        return Err(ApiError::invalid(
-            "topk",
-            format!(
-                "{} queries x topk {} = {results} results; at most {} (max_results) per request",
-                queries.len(),
-                topk.unwrap_or(config.topk),
-                config.max_results
-            ),
-        ));
-    }
-    Ok(RetrieveRequest { queries, topk, return_scores })
-}
-
 /// Records a request's outcome in the metrics.
 fn observe(
     state: &AppState,
@@ -342,7 +264,8 @@ async fn retrieve(State(state): State<Arc<AppState>>, body: Body) -> Response {
 /// The serialised answer, at most `max_response_bytes` long.
 async fn answer_retrieve(state: &AppState, body: Body) -> Result<Vec<u8>, (&'static str, ApiError)> {
     let body = http::read_json(body, state.config.max_body_bytes).await.map_err(|e| ("bad_request", e))?;
-    let request = parse_retrieve(&body, &state.config).map_err(|e| ("bad_request", e))?;
+    let request = RetrieveRequest::parse(&body, &state.config.retrieve_limits())
+        .map_err(|e| ("bad_request", ApiError::from(e)))?;
     if request.queries.is_empty() {
         return Ok(br#"{"result":[]}"#.to_vec());
     }
@@ -416,21 +339,7 @@ async fn access(State(state): State<Arc<AppState>>, body: Body) -> Response {
 
 async fn answer_access(state: &AppState, body: Body) -> Result<Value, ApiError> {
     let body = http::read_json(body, state.config.max_body_bytes).await?;
-    let urls = match body.get("urls") {
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, u)| {
-                u.as_str().map(str::to_owned).ok_or_else(|| {
-                    ApiError::invalid(format!("urls[{i}]"), format!("expected a string, got {u}"))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(other) => {
-            return Err(ApiError::invalid("urls", format!("expected a list of strings, got {other}")));
-        }
-        None => return Err(ApiError::invalid("urls", "missing: expected a list of strings")),
-    };
+    let urls = AccessRequest::parse(&body)?.urls;
     let pages = state.pages.access(&urls).await;
     let result: Vec<Value> = urls
         .iter()
@@ -447,52 +356,6 @@ async fn answer_access(state: &AppState, body: Body) -> Result<Value, ApiError> 
 mod tests {
     use super::*;
     use kart_core::agent::search_r1::document;
-
-    fn parse(v: Value) -> Result<RetrieveRequest, ApiError> {
-        let config = RetrieverConfig { max_queries: 100, max_results: 250, ..RetrieverConfig::default() };
-        parse_retrieve(&v, &config)
-    }
-
-    #[test]
-    fn search_r1_request_parses() {
-        let r = parse(json!({"queries": ["a", "b"], "topk": 3, "return_scores": true})).unwrap();
-        assert_eq!(
-            r,
-            RetrieveRequest { queries: vec!["a".into(), "b".into()], topk: Some(3), return_scores: true }
-        );
-        let r = parse(json!({"queries": []})).unwrap();
-        assert_eq!((r.topk, r.return_scores), (None, false));
-    }
-
-    #[test]
-    fn bad_fields_are_named() {
-        let field = |v: Value| parse(v).unwrap_err().field;
-        assert_eq!(field(json!({})), "queries");
-        assert_eq!(field(json!({"queries": "a"})), "queries");
-        assert_eq!(field(json!({"queries": ["a", 3]})), "queries[1]");
-        assert_eq!(field(json!({"queries": ["a"], "topk": 0})), "topk");
-        assert_eq!(field(json!({"queries": ["a"], "topk": 1001})), "topk");
-        assert_eq!(field(json!({"queries": ["a"], "topk": 2.5})), "topk");
-        assert_eq!(field(json!({"queries": ["a"], "return_scores": "yes"})), "return_scores");
-        assert_eq!(field(json!([1, 2])), "body");
-        assert_eq!(field(json!({"queries": vec!["q"; 101]})), "queries");
-    }
-
-    #[test]
-    fn unknown_fields_and_too_many_results_are_refused() {
-        let error = parse(json!({"queries": ["a"], "topK": 50})).unwrap_err();
-        assert_eq!((error.status, error.field.as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "topK"));
-        assert!(error.message.contains("queries, topk, return_scores"), "{}", error.message);
-        // 100 queries x topk 3 (the default) = 300 results > 250.
-        let error = parse(json!({"queries": vec!["q"; 100]})).unwrap_err();
-        assert_eq!(error.field, "topk");
-        assert!(
-            error.message.contains("100 queries x topk 3 = 300 results; at most 250"),
-            "{}",
-            error.message
-        );
-        assert!(parse(json!({"queries": vec!["q"; 50], "topk": 5})).is_ok());
-    }
 
     /// A fixed index: every query gets documents "0".."k-1" with descending scores.
     struct Fixed;
@@ -593,6 +456,7 @@ mod tests {
             (r#"{"topk": 3}"#, StatusCode::UNPROCESSABLE_ENTITY, "queries"),
             (r#"{"queries": [1]}"#, StatusCode::UNPROCESSABLE_ENTITY, "queries[0]"),
             (r#"{"queries": ["a"], "topk": -1}"#, StatusCode::UNPROCESSABLE_ENTITY, "topk"),
+            (r#"{"queries": ["a"], "topK": 50}"#, StatusCode::UNPROCESSABLE_ENTITY, "topK"),
         ] {
             let (got, v) = post(&router, "/retrieve", body).await;
             assert_eq!((got, v["error"]["field"].as_str()), (status, Some(field)), "{body}");
@@ -604,7 +468,7 @@ mod tests {
         assert_eq!(status, StatusCode::OK);
         let text = kart_http::metrics::encode(&registry);
         assert!(
-            text.contains("kart_retriever_errors_total{endpoint=\"retrieve\",kind=\"bad_request\"} 5"),
+            text.contains("kart_retriever_errors_total{endpoint=\"retrieve\",kind=\"bad_request\"} 6"),
             "{text}"
         );
     }
@@ -669,7 +533,8 @@ mod tests {
         let state = AppState::new(RetrieverConfig::default(), &registry).unwrap();
         let router = Router::new()
             .route("/explode", axum::routing::post(explode))
-            .route_layer(middleware::from_fn_with_state(state.clone(), contain_panics))
+            .route_layer(middleware::from_fn(http::panics::contain))
+            .route_layer(middleware::from_fn_with_state(state.clone(), count_panics))
             .with_state(state);
         let (status, v) = post(&router, "/explode", "{}").await;
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);

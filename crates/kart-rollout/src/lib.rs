@@ -11,9 +11,11 @@
 //! - [`retry`]: engine calls with retries and backoff;
 //! - [`group`]: the `n` trajectories of a task;
 //! - [`weights`]: how a worker's engine gets new weights (pushed or pulled, single-flight);
+//! - [`descriptors`]: the worker's file-descriptor budget;
 //! - [`server`]: the worker's HTTP service; [`metrics`]: its metrics.
 
 pub mod builder;
+pub mod descriptors;
 pub mod engines;
 pub mod env;
 pub mod fake;

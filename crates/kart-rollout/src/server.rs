@@ -12,6 +12,7 @@
 //!   It reaches one worker of a Service; the `weights` field of `/rollout` reaches the others.
 //! - `GET /healthz`, `/readyz`, `/metrics`.
 
+use crate::descriptors::{self, DescriptorError};
 use crate::env::{self, Context, ContextError, Environment};
 use crate::group::run_group;
 use crate::metrics::RolloutMetrics;
@@ -25,7 +26,7 @@ use axum::routing::post;
 use kart_core::config::ConfigError;
 use kart_core::config::rollout::RolloutConfig;
 use kart_core::engine::{Engine, LoadWeights};
-use kart_core::wire::{InvalidField, RolloutLine, RolloutRequest, WeightSource};
+use kart_core::wire::{RolloutLine, RolloutRequest, WeightSource};
 use kart_http::token::{Token, TokenError};
 use kart_http::{self as http, ApiError, Readiness};
 use prometheus::Registry;
@@ -46,6 +47,10 @@ pub enum WorkerError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Token(#[from] TokenError),
+    #[error(transparent)]
+    Descriptors(#[from] DescriptorError),
+    #[error("read the open-file limit: {0}")]
+    Rlimit(std::io::Error),
     #[error("listen on {addr}: {source}")]
     Listen { addr: String, source: std::io::Error },
 }
@@ -94,6 +99,7 @@ impl Worker {
         token: Option<Token>,
         registry: &Registry,
     ) -> Result<Self, WorkerError> {
+        descriptors::check(&config, descriptors::raise_limit().map_err(WorkerError::Rlimit)?)?;
         let metrics = RolloutMetrics::new(registry);
         let ctx = Context::build(&config.context, &config.env, engine.engine, &config.model, None)?;
         config.weight_sources.validate()?;
@@ -170,13 +176,8 @@ impl Worker {
 /// A `/rollout` body, checked.
 fn parse_request(body: serde_json::Value) -> Result<RolloutRequest, ApiError> {
     let request: RolloutRequest = http::from_json(body)?;
-    request.validate().map_err(invalid)?;
+    request.validate().map_err(ApiError::from)?;
     Ok(request)
-}
-
-/// The answer to an invalid field.
-fn invalid(error: InvalidField) -> ApiError {
-    ApiError::invalid(error.field, error.reason)
 }
 
 /// The complete router: `/rollout`, `/weights`, `/healthz`, `/readyz`, `/metrics`.
@@ -187,6 +188,7 @@ pub fn router(worker: Arc<Worker>, registry: Registry) -> Router {
     Router::new()
         .route("/rollout", post(rollout))
         .route("/weights", post(weights))
+        .route_layer(axum::middleware::from_fn(http::panics::contain))
         .route_layer(axum::middleware::from_fn_with_state(token, kart_http::token::require))
         .with_state(worker)
         .merge(http::ops_routes(registry, ready))
@@ -235,7 +237,7 @@ async fn rollout(State(worker): State<Arc<Worker>>, body: Body) -> Response {
     if let Some(source) = &request.weights
         && let Err(e) = worker.config.weight_sources.admits(source)
     {
-        return invalid(e.within("weights")).into_response();
+        return ApiError::from(e.within("weights")).into_response();
     }
     if let (Some(loader), Some(source)) = (&worker.weights, &request.weights)
         && let Err(e) = loader.ensure(source).await
@@ -297,8 +299,8 @@ async fn weights(State(worker): State<Arc<Worker>>, body: Body) -> Response {
 async fn load_weights(worker: &Worker, body: Body) -> Result<i64, ApiError> {
     let body = http::read_json(body, worker.config.max_body_bytes).await?;
     let source: WeightSource = http::from_json(body)?;
-    source.validate().map_err(invalid)?;
-    worker.config.weight_sources.admits(&source).map_err(invalid)?;
+    source.validate().map_err(ApiError::from)?;
+    worker.config.weight_sources.admits(&source).map_err(ApiError::from)?;
     let loader = worker.weights.as_ref().ok_or_else(|| ApiError {
         status: StatusCode::CONFLICT,
         field: "engine".into(),

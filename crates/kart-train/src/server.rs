@@ -87,6 +87,7 @@ pub fn router(
         .route("/weights/{version}", get(weights_file))
         .route_layer(axum::middleware::from_fn_with_state(token, kart_http::token::require))
         .route("/status", get(|State(s): State<AppState>| async move { Json(s.status.get()) }))
+        .route_layer(axum::middleware::from_fn(kart_http::panics::contain))
         .with_state(AppState { status, weights })
         .merge(kart_http::ops_routes(registry, ready))
 }

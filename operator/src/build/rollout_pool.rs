@@ -4,7 +4,10 @@
 use super::meta::{self, child};
 use super::objects::{config_map, deployment, service, token_secret};
 use super::pod::{ContainerParts, config_mount, config_volume, template, token_env};
-use super::{InvalidSpec, ROLLOUT_PORT, SGLANG_PORT, Settings, VLLM_PORT, config_path, retriever};
+use super::{
+    InvalidSpec, ROLLOUT_PORT, SGLANG_PORT, Settings, TRAINER_PORT, VLLM_PORT, config_path, retriever,
+    training_job,
+};
 use crate::crd::RolloutPool;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
@@ -57,14 +60,26 @@ fn server_kind(pool: &RolloutPool) -> Option<(&'static str, u16)> {
     }
 }
 
+/// Where a pool's workers may read weights files from when `weight_sources.path_prefix` is unset:
+/// nothing unless a shared volume is mounted there.
+pub const SHARED_WEIGHTS_DIR: &str = "/var/lib/kart/weights";
+
 /// The config the workers read: the user's with host and port set, the retriever URL from
-/// `retrieverRef` and the engine URLs from the inference Service when unset.
+/// `retrieverRef` and the engine URLs from the inference Service when unset, and weights admitted
+/// (when `weight_sources` leaves them open) from the trainers of the namespace and files under
+/// [`SHARED_WEIGHTS_DIR`].
 pub fn render_config(pool: &RolloutPool) -> RolloutConfig {
     let name = pool.name_any();
     let namespace = pool.namespace().unwrap_or_default();
     let mut config = pool.spec.config.clone();
     config.host = "0.0.0.0".into();
     config.port = ROLLOUT_PORT;
+    let sources = &mut config.weight_sources;
+    if sources.url_prefixes.is_empty() {
+        let trainers = meta::endpoint(&training_job::workload_name("*"), &namespace, TRAINER_PORT);
+        sources.url_prefixes.push(format!("{trainers}/weights/"));
+    }
+    sources.path_prefix.get_or_insert_with(|| SHARED_WEIGHTS_DIR.into());
     if config.context.retriever_url.is_none()
         && let Some(r) = &pool.spec.retriever_ref
     {
@@ -207,6 +222,20 @@ mod tests {
             serde_json::from_str(&c.config_map.data.as_ref().unwrap()["config.json"]).unwrap();
         assert_eq!(config.context.retriever_url.as_deref(), Some("http://wiki-retriever.ml.svc:8000"));
         assert_eq!(config.port, 8001);
+        // Weights from the namespace's trainers (`<job>-trainer`) and the shared folder only.
+        assert_eq!(config.weight_sources.url_prefixes, ["http://*-trainer.ml.svc:8002/weights/"]);
+        assert_eq!(
+            config.weight_sources.path_prefix.as_deref(),
+            Some(std::path::Path::new(SHARED_WEIGHTS_DIR))
+        );
+        config.weight_sources.validate().unwrap();
+        let trainer = kart_core::wire::WeightSource {
+            version: 1,
+            url: Some("http://run-trainer.ml.svc:8002/weights/1".into()),
+            path: None,
+            run: None,
+        };
+        config.weight_sources.admits(&trainer).unwrap();
         match &config.engine {
             EngineConfig::Sglang { urls, .. } => assert_eq!(urls, &["http://pool-sglang.ml.svc:30000"]),
             other => panic!("engine {other:?}"),

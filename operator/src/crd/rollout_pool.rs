@@ -49,7 +49,8 @@ pub struct RolloutPoolSpec {
     pub replicas: i32,
     /// The workers' configuration, rendered into the ConfigMap they read. `host` and `port` are
     /// set by the operator; `retriever_url` from `retrieverRef` when unset; the engine's `urls`
-    /// from `inference` when empty.
+    /// from `inference` when empty; `weight_sources`, when open, admits the namespace's trainers
+    /// (`http://*-trainer.<namespace>.svc:8002/weights/`) and files under `/var/lib/kart/weights`.
     #[serde(default)]
     #[schemars(schema_with = "embedded::<RolloutConfig>")]
     pub config: RolloutConfig,

@@ -1,6 +1,7 @@
 //! Configuration of a retriever service: one serde type, read by `kart retriever serve --config` and
 //! rendered by the operator into the ConfigMap the retriever pods read.
 
+use crate::wire::RetrieveLimits;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -163,6 +164,17 @@ impl Default for RetrieverConfig {
 
 /// The largest `topk` a request may ask for.
 pub const MAX_TOPK: usize = 1000;
+
+impl RetrieverConfig {
+    /// What one `/retrieve` request may ask for.
+    pub fn retrieve_limits(&self) -> RetrieveLimits {
+        RetrieveLimits {
+            default_topk: self.topk,
+            max_queries: self.max_queries,
+            max_results: self.max_results,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -11,7 +11,9 @@ use std::path::{Component, Path, PathBuf};
 #[serde(default, deny_unknown_fields)]
 pub struct WeightSources {
     /// URL prefixes weights may be downloaded from, each with a path (the trainer's
-    /// `http://host:port/weights/`); empty: any URL.
+    /// `http://host:port/weights/`); one `*` in the host stands for one or more letters, digits
+    /// or hyphens within a DNS label (`http://*-trainer.ml.svc:8002/weights/`: the trainers of
+    /// namespace `ml`); empty: any URL.
     pub url_prefixes: Vec<String>,
     /// The folder weights files may be read from (the shared volume); unset: any path.
     pub path_prefix: Option<PathBuf>,
@@ -23,13 +25,18 @@ impl WeightSources {
         for (i, prefix) in self.url_prefixes.iter().enumerate() {
             let rest = prefix.strip_prefix("http://").or_else(|| prefix.strip_prefix("https://"));
             let has_path = rest.and_then(|rest| rest.find('/')).is_some_and(|slash| slash > 0);
+            let field = || format!("weight_sources.url_prefixes[{i}]");
             if !has_path {
-                let field = format!("weight_sources.url_prefixes[{i}]");
                 return Err(super::ConfigError::new(
-                    field,
+                    field(),
                     prefix,
                     "must be an http(s) URL with a path, e.g. http://trainer:8002/weights/",
                 ));
+            }
+            let host = rest.and_then(|rest| rest.split('/').next()).unwrap_or_default();
+            let stars = prefix.matches('*').count();
+            if stars > 1 || (stars == 1 && !host.contains('*')) {
+                return Err(super::ConfigError::new(field(), prefix, "may hold one `*`, in the host"));
             }
         }
         match &self.path_prefix {
@@ -47,7 +54,7 @@ impl WeightSources {
     pub fn admits(&self, source: &WeightSource) -> Result<(), InvalidField> {
         if let Some(url) = &source.url
             && !self.url_prefixes.is_empty()
-            && !self.url_prefixes.iter().any(|prefix| url.starts_with(prefix.as_str()))
+            && !self.url_prefixes.iter().any(|prefix| under_prefix(url, prefix))
         {
             let reason = format!("`{url}` is not under weight_sources.url_prefixes {:?}", self.url_prefixes);
             return Err(InvalidField::new("url", reason));
@@ -64,6 +71,15 @@ impl WeightSources {
         }
         Ok(())
     }
+}
+
+/// Whether `url` starts with `prefix`, its `*` (if any) matching one or more characters of a DNS
+/// label.
+fn under_prefix(url: &str, prefix: &str) -> bool {
+    let Some((head, tail)) = prefix.split_once('*') else { return url.starts_with(prefix) };
+    let Some(rest) = url.strip_prefix(head) else { return false };
+    let label = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).unwrap_or(rest.len());
+    (1..=label).any(|end| rest[end..].starts_with(tail))
 }
 
 /// Whether `path`, symbolic links resolved, lies under `prefix` (false for a path that does not
@@ -84,6 +100,33 @@ mod tests {
 
     fn source(url: Option<&str>, path: Option<&Path>) -> WeightSource {
         WeightSource { version: 1, url: url.map(Into::into), path: path.map(Into::into), run: None }
+    }
+
+    #[test]
+    fn a_star_stands_for_part_of_one_host_label() {
+        let sources = WeightSources {
+            url_prefixes: vec!["http://*-trainer.ml.svc:8002/weights/".into()],
+            path_prefix: None,
+        };
+        sources.validate().unwrap();
+        for url in ["http://run-trainer.ml.svc:8002/weights/3", "http://a-b-trainer.ml.svc:8002/weights/12"] {
+            assert!(sources.admits(&source(Some(url), None)).is_ok(), "{url}");
+        }
+        for url in [
+            "http://-trainer.ml.svc:8002/weights/3",
+            "http://x.evil-trainer.ml.svc:8002/weights/3",
+            "http://run-trainer.other.svc:8002/weights/3",
+            "http://run-trainer.ml.svc:8003/weights/3",
+            "http://attacker/?-trainer.ml.svc:8002/weights/3",
+            "http://run-trainer.ml.svc:8002/secrets",
+        ] {
+            assert_eq!(sources.admits(&source(Some(url), None)).unwrap_err().field, "url", "{url}");
+        }
+        for prefix in ["http://trainer:8002/*/", "http://*.*.svc:8002/weights/"] {
+            let bad = WeightSources { url_prefixes: vec![prefix.into()], path_prefix: None };
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains("url_prefixes[0]") && err.contains("one `*`"), "{err}");
+        }
     }
 
     #[test]

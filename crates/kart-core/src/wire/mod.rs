@@ -1,11 +1,13 @@
-//! The JSON bodies kart's services exchange (beside the retriever's Search-R1 API in
-//! [`agent::search_r1`](crate::agent::search_r1)): rollout requests and their streamed groups,
-//! and where a policy version's weights are.
+//! The JSON bodies kart's services exchange (beside the retriever's Search-R1 results in
+//! [`agent::search_r1`](crate::agent::search_r1)): the retriever's requests, rollout requests and
+//! their streamed groups, and where a policy version's weights are.
 
+mod retrieve;
 mod rollout;
 mod task;
 mod weights;
 
+pub use retrieve::{AccessRequest, RetrieveLimits, RetrieveRequest};
 pub use rollout::{Group, MAX_N, RolloutLine, RolloutRequest};
 pub use task::{Task, TaskError};
 pub use weights::WeightSource;
