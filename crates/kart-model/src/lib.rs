@@ -4,7 +4,8 @@
 //! - [`config`]: `config.json` in both Hub styles, as a [`ModelConfig`];
 //! - [`weights`]: safetensors checkpoints, single or sharded;
 //! - [`transformer`]: the decoder ([`CausalLm`]), loaded or randomly initialised, with a
-//!   [`KvCache`] for generation;
+//!   [`KvCache`] for generation, over padded rows or packed sequences ([`Layout`]);
+//! - [`recompute`]: activation checkpointing, decoder layers recomputed in the backward pass;
 //! - [`logprobs`]: per-token log-probabilities and entropies without full-batch logits;
 //! - [`save`]: writing a folder transformers, vLLM and SGLang load;
 //! - [`sampling`], [`scheduler`]: seeded per-request sampling and continuous batching;
@@ -16,6 +17,7 @@ pub mod embedded;
 pub mod error;
 pub mod kv_cache;
 pub mod logprobs;
+pub mod recompute;
 pub mod rope;
 pub mod sampling;
 pub mod save;
@@ -27,7 +29,8 @@ pub use config::{Family, ModelConfig, QwenSizes, Rope, RopeScaling};
 pub use embedded::EmbeddedEngine;
 pub use error::ModelError;
 pub use kv_cache::KvCache;
+pub use recompute::Recomputed;
 pub use save::{DEFAULT_MAX_SHARD_SIZE, save_pretrained, save_pretrained_with_max_shard_size};
 pub use scheduler::{Scheduler, generate};
-pub use transformer::CausalLm;
+pub use transformer::{CausalLm, Layout};
 pub use weights::{Weights, save_safetensors};

@@ -129,12 +129,12 @@ impl Attention {
         })
     }
 
-    /// `x`: `(B, T, hidden)`; `mask`: additive `(B, 1, T, Tk)` or `None` for plain causal attention.
+    /// `x`: `(B, T, hidden)`, its queries attending as `attend` says.
     fn forward(
         &self,
         x: &Tensor,
         rot: &(Tensor, Tensor),
-        mask: Option<&Tensor>,
+        attend: Attend<'_>,
         cache: Option<(&mut KvCache, usize)>,
     ) -> Tensor {
         let (b, t, _) = x.size3().expect("(B, T, hidden)");
@@ -157,19 +157,57 @@ impl Attention {
         // (transformers' `pack_gqa`); longer queries let the kernel share heads (`enable_gqa`).
         let groups = self.heads / self.kv_heads;
         let scale = (self.head_dim as f64).powf(-0.5);
-        let out = if t == 1 && groups > 1 {
-            let q = q.reshape([b, self.kv_heads, groups, self.head_dim]);
-            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, false, scale, false).reshape([
-                b,
-                self.heads,
-                1,
-                self.head_dim,
-            ])
-        } else {
-            let causal = mask.is_none() && t > 1;
-            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, causal, scale, groups > 1)
+        let sdpa = |q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, causal: bool| {
+            Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, causal, scale, groups > 1)
         };
+        let mask = match attend {
+            Attend::Mask(mask) => Some(mask),
+            _ => None,
+        };
+        let out =
+            match attend {
+                // Each packed sequence attends causally to itself alone: one product per sequence, no
+                // (T, T) mask.
+                Attend::Segments(lengths) => {
+                    let mut at = 0;
+                    let parts: Vec<Tensor> = lengths
+                        .iter()
+                        .map(|&len| {
+                            let part = |x: &Tensor| x.narrow(2, at, len);
+                            let out = sdpa(&part(&q), &part(&k), &part(&v), None, len > 1);
+                            at += len;
+                            out
+                        })
+                        .collect();
+                    Tensor::cat(&parts, 2)
+                }
+                _ if t == 1 && groups > 1 => {
+                    let q = q.reshape([b, self.kv_heads, groups, self.head_dim]);
+                    Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, false, scale, false)
+                        .reshape([b, self.heads, 1, self.head_dim])
+                }
+                _ => sdpa(&q, &k, &v, mask, mask.is_none() && t > 1),
+            };
         self.o_proj.forward(&out.transpose(1, 2).reshape([b, t, self.heads * self.head_dim]))
+    }
+}
+
+/// How the queries of a forward pass attend to the keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Attend<'a> {
+    /// Each query to itself and the keys before it (or, with a cache, all cached keys).
+    Causal,
+    /// Through an additive `(B, 1, T, Tk)` mask.
+    Mask(&'a Tensor),
+    /// One row of sequences packed back to back, of these lengths: each query to the keys of its
+    /// own sequence up to itself.
+    Segments(&'a [i64]),
+}
+
+impl<'a> Attend<'a> {
+    /// `mask` when there is one, else plain causal attention.
+    fn from_mask(mask: Option<&'a Tensor>) -> Self {
+        mask.map_or(Attend::Causal, Attend::Mask)
     }
 }
 
@@ -198,7 +236,7 @@ impl Mlp {
 
 /// One pre-norm transformer block.
 #[derive(Debug)]
-struct DecoderLayer {
+pub(crate) struct DecoderLayer {
     input_layernorm: RmsNorm,
     self_attn: Attention,
     post_attention_layernorm: RmsNorm,
@@ -228,6 +266,31 @@ impl DecoderLayer {
             mlp: Mlp::load(p, w, &format!("{prefix}.mlp"), c)?,
         })
     }
+
+    /// The block on `h` `(B, T, hidden)`: attention and MLP, each behind its norm and around a
+    /// residual connection.
+    pub(crate) fn forward(
+        &self,
+        h: &Tensor,
+        rot: &(Tensor, Tensor),
+        attend: Attend<'_>,
+        cache: Option<(&mut KvCache, usize)>,
+    ) -> Tensor {
+        let attn = self.self_attn.forward(&self.input_layernorm.forward(h), rot, attend, cache);
+        let h = h + attn;
+        let mlp = self.mlp.forward(&self.post_attention_layernorm.forward(&h));
+        h + mlp
+    }
+}
+
+/// How the tokens of a forward pass without a cache are laid out.
+#[derive(Debug)]
+pub enum Layout {
+    /// Rows padded on the right; `valid` `(B, T)` marks the real tokens (`None`: all are).
+    Padded { valid: Option<Tensor> },
+    /// One row of sequences back to back, of these lengths, positions restarting at each: no
+    /// padding, and no sequence attends to another.
+    Packed { lengths: Vec<i64> },
 }
 
 /// A causal language model: embeddings, decoder layers, final norm and LM head.
@@ -246,9 +309,14 @@ pub struct CausalLm {
 impl CausalLm {
     /// Loads a Hugging Face model folder onto `device`: f32 on the CPU, bf16 on CUDA.
     pub fn load(dir: &Path, device: Device) -> Result<Self, ModelError> {
+        Self::load_as(dir, device, default_kind(device))
+    }
+
+    /// Loads a Hugging Face model folder onto `device` with parameters of `kind` (f32 or bf16).
+    pub fn load_as(dir: &Path, device: Device, kind: Kind) -> Result<Self, ModelError> {
         let config = ModelConfig::load(dir)?;
         let weights = Weights::load(dir, device, Kind::Float)?;
-        Self::build(config, weights, device)
+        Self::build(config, weights, device, kind)
     }
 
     /// A model of `config` with fresh weights, drawn as transformers' `_init_weights` draws them:
@@ -276,15 +344,20 @@ impl CausalLm {
             let _ = embed.get(pad).zero_();
         }
         let weights = Weights::from_tensors(PathBuf::from("(random initialisation)"), tensors);
-        Self::build(config, weights, device)
+        Self::build(config, weights, device, default_kind(device))
     }
 
-    /// The model of `config` with all of `weights`, in the kind of `device` (see [`Self::load`]).
-    fn build(config: ModelConfig, mut weights: Weights, device: Device) -> Result<Self, ModelError> {
+    /// The model of `config` with all of `weights`, its parameters of `kind`.
+    fn build(
+        config: ModelConfig,
+        mut weights: Weights,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Self, ModelError> {
         let mut model = Self::from_weights(config, &mut weights, device)?;
         weights.finish()?;
-        if device.is_cuda() {
-            model.vs.set_kind(Kind::BFloat16);
+        if kind != Kind::Float {
+            model.vs.set_kind(kind);
         }
         Ok(model)
     }
@@ -379,23 +452,63 @@ impl CausalLm {
                 let plain = (t == 1 || cache.len() == t) && all_true(&keys);
                 (!plain).then(|| attention_mask(&keys, t, kind))
             }
-            None => valid
-                .map(|v| v.to_kind(Kind::Bool))
-                .filter(|v| !all_true(v))
-                .map(|v| attention_mask(&v, t, kind)),
+            None => self.padding_mask(valid, t),
         };
         let rot = self.rope.cos_sin(positions);
-        let mut h = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
+        let mut h = self.embed(input_ids);
         for (i, layer) in self.layers.iter().enumerate() {
-            let residual = &h;
-            let attn_in = layer.input_layernorm.forward(residual);
-            let attn =
-                layer.self_attn.forward(&attn_in, &rot, mask.as_ref(), cache.as_deref_mut().map(|c| (c, i)));
-            let h1 = residual + attn;
-            let mlp = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1));
-            h = h1 + mlp;
+            h = layer.forward(
+                &h,
+                &rot,
+                Attend::from_mask(mask.as_ref()),
+                cache.as_deref_mut().map(|c| (c, i)),
+            );
         }
         self.norm.forward(&h)
+    }
+
+    /// The final hidden states `(B, T, hidden)` of tokens laid out as `layout` says, without a
+    /// cache.
+    pub fn forward_layout(&self, input_ids: &Tensor, positions: &Tensor, layout: &Layout) -> Tensor {
+        match layout {
+            Layout::Padded { valid } => self.forward(input_ids, positions, valid.as_ref(), None),
+            Layout::Packed { lengths } => {
+                let rot = self.rope.cos_sin(positions);
+                let mut h = self.embed(input_ids);
+                for layer in &self.layers {
+                    h = layer.forward(&h, &rot, Attend::Segments(lengths), None);
+                }
+                self.norm.forward(&h)
+            }
+        }
+    }
+
+    /// The embeddings of `input_ids`.
+    pub(crate) fn embed(&self, input_ids: &Tensor) -> Tensor {
+        Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false)
+    }
+
+    /// The decoder layers.
+    pub(crate) fn layers(&self) -> &[DecoderLayer] {
+        &self.layers
+    }
+
+    /// The final norm.
+    pub(crate) fn final_norm(&self, h: &Tensor) -> Tensor {
+        self.norm.forward(h)
+    }
+
+    /// The rotary embedding's `(cos, sin)` at `positions`.
+    pub(crate) fn rotary(&self, positions: &Tensor) -> (Tensor, Tensor) {
+        self.rope.cos_sin(positions)
+    }
+
+    /// The additive attention mask of padded rows (`None`: plain causal attention suffices).
+    pub(crate) fn padding_mask(&self, valid: Option<&Tensor>, t: i64) -> Option<Tensor> {
+        valid
+            .map(|v| v.to_kind(Kind::Bool))
+            .filter(|v| !all_true(v))
+            .map(|v| attention_mask(&v, t, self.kind()))
     }
 
     /// Full-vocabulary logits `(…, vocab)` of hidden states `(…, hidden)`.
@@ -422,6 +535,11 @@ impl CausalLm {
     pub fn lm_head_weight(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
+}
+
+/// The parameter kind of a model on `device` unless told otherwise: bf16 on CUDA, f32 elsewhere.
+pub fn default_kind(device: Device) -> Kind {
+    if device.is_cuda() { Kind::BFloat16 } else { Kind::Float }
 }
 
 /// How [`CausalLm::random`] initialises a parameter.
@@ -486,6 +604,16 @@ pub(super) fn parameters(c: &ModelConfig) -> Vec<Parameter> {
         push("lm_head.weight".to_owned(), vec![vocab, hidden], Init::Normal);
     }
     parameters
+}
+
+/// Elements of the parameters of a model of `config` whose Hugging Face names start with `prefix`
+/// (`""`: all of them; `"model.layers.0."`: one decoder layer); a tied head is counted once.
+pub fn parameter_count(config: &ModelConfig, prefix: &str) -> u64 {
+    parameters(config)
+        .iter()
+        .filter(|p| p.name.starts_with(prefix))
+        .map(|p| p.shape.iter().product::<i64>() as u64)
+        .sum()
 }
 
 /// `n` samples of N(0, std²) by the Box-Muller transform.

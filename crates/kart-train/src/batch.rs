@@ -1,15 +1,15 @@
-//! Trajectories as training samples, and micro-batches of them as padded tensors.
+//! Trajectories as training samples, and micro-batches of them as tensors.
 //!
 //! Every per-token quantity of a sample is a vector over its tokens: entry `t` belongs to token
-//! `t` (predicted from position `t - 1`); entries of prompt tokens are unused. A micro-batch pads
-//! rows on the right and keeps only the window of positions from the shortest prompt on, so the
-//! LM head never runs over most prompt tokens. Leading tokens every row shares (the instruction
-//! of a dataset's prompts, the prompt of a GRPO group) run through the decoder once, not once per
-//! row.
+//! `t` (predicted from position `t - 1`); entries of prompt tokens are unused. A micro-batch
+//! either pads rows on the right, keeping only the window of positions from the shortest prompt
+//! on (leading tokens every row shares, such as a GRPO group's prompt, run through the decoder
+//! once), or packs samples back to back into one row up to a token budget, without padding.
 
 use kart_core::agent::trajectory::{Status, Trajectory};
+use kart_core::config::train::BatchConfig;
 use kart_core::wire::Group;
-use kart_model::CausalLm;
+use kart_model::{CausalLm, Layout, Recomputed};
 use tch::{Device, Kind, Tensor};
 
 /// Shortest shared prefix worth a separate forward pass.
@@ -137,32 +137,116 @@ impl Field {
     }
 }
 
-/// Some samples as right-padded tensors.
+/// How a mini-batch's samples are split into forward/backward passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MicroBatching {
+    /// At most this many samples per pass, right-padded to the longest.
+    Padded { size: usize },
+    /// Samples packed back to back into one row of at most this many tokens (a longer sample
+    /// alone), without padding.
+    Packed { tokens: usize },
+}
+
+impl MicroBatching {
+    /// The split `batch` configures.
+    pub fn of(batch: &BatchConfig) -> Self {
+        match batch.micro_batch_tokens {
+            Some(tokens) => MicroBatching::Packed { tokens },
+            None => MicroBatching::Padded { size: batch.micro_batch_size },
+        }
+    }
+
+    /// Splits sample indices into the passes' rows, longest samples first: runs of `size` (so
+    /// padding stays small), or bins of at most `tokens` filled first-fit.
+    pub fn split(self, samples: &[Sample], indices: &[usize]) -> Vec<Vec<usize>> {
+        let mut sorted = indices.to_vec();
+        sorted.sort_by_key(|&i| std::cmp::Reverse(samples[i].len()));
+        match self {
+            MicroBatching::Padded { size } => sorted.chunks(size.max(1)).map(<[usize]>::to_vec).collect(),
+            MicroBatching::Packed { tokens } => {
+                let mut bins: Vec<(usize, Vec<usize>)> = Vec::new();
+                for i in sorted {
+                    let len = samples[i].len();
+                    match bins.iter_mut().find(|(used, _)| used + len <= tokens) {
+                        Some((used, rows)) => {
+                            *used += len;
+                            rows.push(i);
+                        }
+                        None => bins.push((len, vec![i])),
+                    }
+                }
+                bins.into_iter().map(|(_, rows)| rows).collect()
+            }
+        }
+    }
+
+    /// The micro-batch of `samples[rows]` on `device`.
+    pub fn batch(self, samples: &[Sample], rows: &[usize], device: Device) -> MicroBatch {
+        match self {
+            MicroBatching::Padded { .. } => MicroBatch::new(samples, rows, device),
+            MicroBatching::Packed { .. } => MicroBatch::packed(samples, rows, device),
+        }
+    }
+}
+
+/// Where one sample's per-token entries lie in a micro-batch's `(B, W)` window: `count` entries
+/// from token `first` on, at row `row` from column `column`.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    row: usize,
+    column: usize,
+    first: usize,
+    count: usize,
+}
+
+/// Some samples as tensors: right-padded rows, or one row of packed samples.
 #[derive(Debug)]
 pub struct MicroBatch {
-    /// Indices of the samples, in row order.
+    /// Indices of the samples, in order.
     pub rows: Vec<usize>,
     /// `(B, T)` token ids (0 where padding).
     pub input_ids: Tensor,
-    /// `(B, T)` positions.
+    /// `(B, T)` positions (restarting at each packed sample).
     pub positions: Tensor,
-    /// `(B, T)` true for real tokens.
-    pub valid: Tensor,
-    /// First hidden position used: the window covers positions `start .. T - 1`.
+    /// Padded rows (with the real tokens marked) or packed samples.
+    pub layout: Layout,
+    /// First hidden position used: the window covers positions `start .. start + W`.
     pub start: i64,
-    /// `(B, W)` the token each window position predicts.
+    /// `(B, W)` the token each window position predicts (0 where none).
     pub targets: Tensor,
-    /// `(B, W)` loss mask of the targets (0 for padding).
+    /// `(B, W)` loss mask of the targets (0 where no target is trained).
     pub mask: Tensor,
-    /// Leading tokens identical in every row, never past `start`.
+    /// Leading tokens identical in every padded row, never past `start`.
     pub shared: i64,
+    /// Each sample's place in the window.
+    spans: Vec<Span>,
+    /// Window width W.
+    width: usize,
+}
+
+/// The final hidden states over a micro-batch's window and, with activation checkpointing, the
+/// decoder's backward pass still to run.
+pub struct Forward<'m> {
+    /// `(B, W, hidden)`.
+    pub hidden: Tensor,
+    pending: Option<Recomputed<'m>>,
+}
+
+impl Forward<'_> {
+    /// Backpropagates `loss` through the whole model.
+    pub fn backward(self, loss: &Tensor) {
+        loss.backward();
+        if let Some(pending) = self.pending {
+            pending.backward();
+        }
+    }
 }
 
 impl MicroBatch {
-    /// The micro-batch of `samples[rows]` on `device`.
+    /// The right-padded micro-batch of `samples[rows]` on `device`.
     pub fn new(samples: &[Sample], rows: &[usize], device: Device) -> Self {
         let t = rows.iter().map(|&r| samples[r].len()).max().unwrap_or(1).max(2);
-        let start = rows.iter().map(|&r| samples[r].prompt_len.max(1) - 1).min().unwrap_or(0) as i64;
+        let start = rows.iter().map(|&r| samples[r].prompt_len.max(1) - 1).min().unwrap_or(0);
         let (b, t64) = (rows.len() as i64, t as i64);
         let mut ids = vec![0i64; rows.len() * t];
         let mut valid = vec![false; rows.len() * t];
@@ -175,37 +259,104 @@ impl MicroBatch {
         let valid = Tensor::from_slice(&valid).view([b, t64]).to_device(device);
         let positions =
             Tensor::arange(t64, (Kind::Int64, device)).unsqueeze(0).expand([b, t64], true).contiguous();
-        let targets = input_ids.narrow(1, start + 1, t64 - start - 1);
+        let width = t - start - 1;
+        let spans = rows
+            .iter()
+            .enumerate()
+            .map(|(row, &r)| Span {
+                row,
+                column: 0,
+                first: start + 1,
+                count: samples[r].len().min(start + 1 + width).saturating_sub(start + 1),
+            })
+            .collect();
         let shared = rows.first().map_or(0, |&first| {
             let first = &samples[first].token_ids;
-            rows.iter().fold(start as usize, |shared, &r| {
+            rows.iter().fold(start, |shared, &r| {
                 shared.min(first.iter().zip(&samples[r].token_ids).take_while(|(a, b)| a == b).count())
             })
         }) as i64;
+        Self::assemble(
+            samples,
+            rows,
+            input_ids,
+            positions,
+            Layout::Padded { valid: Some(valid) },
+            start,
+            spans,
+            width,
+        )
+        .with_shared(shared)
+    }
+
+    /// The micro-batch of `samples[rows]` packed into one row on `device`: positions restart at
+    /// each sample, each attends to itself only, and each position but a sample's last predicts
+    /// the sample's next token.
+    pub fn packed(samples: &[Sample], rows: &[usize], device: Device) -> Self {
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut spans = Vec::with_capacity(rows.len());
+        for &r in rows {
+            let s = &samples[r];
+            spans.push(Span { row: 0, column: ids.len(), first: 1, count: s.len().saturating_sub(1) });
+            ids.extend_from_slice(&s.token_ids);
+            positions.extend(0..s.len() as i64);
+        }
+        let t = ids.len() as i64;
+        let lengths = rows.iter().map(|&r| samples[r].len() as i64).collect();
+        let input_ids = Tensor::from_slice(&ids).view([1, t]).to_device(device);
+        let positions = Tensor::from_slice(&positions).view([1, t]).to_device(device);
+        Self::assemble(samples, rows, input_ids, positions, Layout::Packed { lengths }, 0, spans, ids.len())
+    }
+
+    /// The micro-batch of these tensors, with its targets and loss mask gathered through `spans`.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        samples: &[Sample],
+        rows: &[usize],
+        input_ids: Tensor,
+        positions: Tensor,
+        layout: Layout,
+        start: usize,
+        spans: Vec<Span>,
+        width: usize,
+    ) -> Self {
         let mut batch = MicroBatch {
             rows: rows.to_vec(),
             input_ids,
             positions,
-            valid,
-            start,
-            targets,
+            layout,
+            start: start as i64,
+            targets: Tensor::new(),
             mask: Tensor::new(),
-            shared,
+            shared: 0,
+            spans,
+            width,
         };
+        let device = batch.input_ids.device();
+        batch.targets = batch.window(samples, |s| &s.token_ids, 0i64).to_device(device);
         batch.mask = batch.gather(samples, Field::LossMask);
         batch
     }
 
-    /// `(B, W, hidden)` final hidden states of `model` over the window. With several rows and a
-    /// long enough shared prefix, the prefix runs once (batch 1) and every row continues from its
-    /// keys and values: the same values and gradients as one full pass, for less compute.
+    fn with_shared(mut self, shared: i64) -> Self {
+        self.shared = shared;
+        self
+    }
+
+    /// `(B, W, hidden)` final hidden states of `model` over the window. With several padded rows
+    /// and a long enough shared prefix, the prefix runs once (batch 1) and every row continues
+    /// from its keys and values: the same values and gradients as one full pass, for less compute.
     pub fn hidden(&self, model: &CausalLm) -> Tensor {
         let (b, t) = self.input_ids.size2().expect("(B, T)");
         let l = self.shared;
-        if b < 2 || l < MIN_SHARED_PREFIX {
-            let hidden = model.forward(&self.input_ids, &self.positions, Some(&self.valid), None);
-            return hidden.narrow(1, self.start, self.width());
-        }
+        let valid = match &self.layout {
+            Layout::Padded { valid } if b >= 2 && l >= MIN_SHARED_PREFIX => valid.as_ref(),
+            layout => {
+                let hidden = model.forward_layout(&self.input_ids, &self.positions, layout);
+                return hidden.narrow(1, self.start, self.width());
+            }
+        };
         let mut cache = model.new_cache(1);
         let prefix = |x: &Tensor| x.narrow(0, 0, 1).narrow(1, 0, l);
         let _ = model.forward(&prefix(&self.input_ids), &prefix(&self.positions), None, Some(&mut cache));
@@ -214,54 +365,65 @@ impl MicroBatch {
         let hidden = model.forward(
             &rest(&self.input_ids),
             &rest(&self.positions),
-            Some(&rest(&self.valid)),
+            valid.map(rest).as_ref(),
             Some(&mut cache),
         );
         hidden.narrow(1, self.start - l, self.width())
     }
 
-    /// Window width W.
-    pub fn width(&self) -> i64 {
-        self.targets.size()[1]
+    /// The hidden states over the window, for a pass with gradients: with `recompute`, the
+    /// decoder keeps only its layers' inputs and recomputes them in [`Forward::backward`].
+    pub fn forward<'m>(&self, model: &'m CausalLm, recompute: bool) -> Forward<'m> {
+        if !recompute {
+            return Forward { hidden: self.hidden(model), pending: None };
+        }
+        let pass = model.forward_recomputed(&self.input_ids, &self.positions, &self.layout);
+        let hidden = pass.hidden().narrow(1, self.start, self.width());
+        Forward { hidden, pending: Some(pass) }
     }
 
-    /// `(B, W)` f32 tensor of `field` over the window (0 beyond each sample's end).
+    /// Window width W.
+    pub fn width(&self) -> i64 {
+        self.width as i64
+    }
+
+    /// Tokens in the micro-batch, padding included.
+    pub fn tokens(&self) -> i64 {
+        self.input_ids.numel() as i64
+    }
+
+    /// `(B, W)` f32 tensor of `field` over the window (0 where no sample's entry lies).
     pub fn gather(&self, samples: &[Sample], field: Field) -> Tensor {
-        let w = self.width() as usize;
-        let start = self.start as usize + 1;
-        let mut out = vec![0f32; self.rows.len() * w];
-        for (i, &r) in self.rows.iter().enumerate() {
-            let values = field.of(&samples[r]);
-            let end = values.len().min(start + w);
-            if end > start {
-                out[i * w..i * w + end - start].copy_from_slice(&values[start..end]);
-            }
+        self.window(samples, |s| field.of(s), 0f32).to_device(self.input_ids.device())
+    }
+
+    /// `(B, W)` CPU tensor of a per-token vector of the samples, `zero` where none lies.
+    fn window<T: tch::kind::Element + Copy>(
+        &self,
+        samples: &[Sample],
+        values: impl Fn(&Sample) -> &[T],
+        zero: T,
+    ) -> Tensor {
+        let (b, w) = (self.input_ids.size()[0] as usize, self.width);
+        let mut out = vec![zero; b * w];
+        for (span, &r) in self.spans.iter().zip(&self.rows) {
+            let at = span.row * w + span.column;
+            out[at..at + span.count]
+                .copy_from_slice(&values(&samples[r])[span.first..span.first + span.count]);
         }
-        Tensor::from_slice(&out).view([self.rows.len() as i64, w as i64]).to_device(self.targets.device())
+        Tensor::from_slice(&out).view([b as i64, w as i64])
     }
 
     /// Writes a `(B, W)` tensor back into `field` of the samples (within each sample's tokens).
     pub fn scatter(&self, samples: &mut [Sample], field: Field, values: &Tensor) {
-        let w = self.width() as usize;
-        let start = self.start as usize + 1;
         let host = Vec::<f32>::try_from(values.to_kind(Kind::Float).to_device(Device::Cpu).view([-1]))
             .expect("f32 values");
-        for (i, &r) in self.rows.iter().enumerate() {
-            let dst = field.of_mut(&mut samples[r]);
-            let end = dst.len().min(start + w);
-            if end > start {
-                dst[start..end].copy_from_slice(&host[i * w..i * w + end - start]);
-            }
+        for (span, &r) in self.spans.iter().zip(&self.rows) {
+            let at = span.row * self.width + span.column;
+            field.of_mut(&mut samples[r])[span.first..span.first + span.count]
+                .copy_from_slice(&host[at..at + span.count]);
         }
     }
-}
-
-/// Splits sample indices into micro-batches of at most `size`, sorted by length within the call so
-/// padding stays small.
-pub fn micro_batches(samples: &[Sample], indices: &[usize], size: usize) -> Vec<Vec<usize>> {
-    let mut sorted = indices.to_vec();
-    sorted.sort_by_key(|&i| std::cmp::Reverse(samples[i].len()));
-    sorted.chunks(size.max(1)).map(<[usize]>::to_vec).collect()
 }
 
 #[cfg(test)]

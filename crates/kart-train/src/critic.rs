@@ -1,6 +1,7 @@
 //! The critic of PPO: a copy of the base model with a scalar value head on its final hidden
 //! states (transformers' `…ForTokenClassification` with one label, as verl builds it).
 
+#[cfg(doc)]
 use super::batch::MicroBatch;
 use kart_model::CausalLm;
 use kart_model::ModelError;
@@ -16,10 +17,11 @@ pub struct Critic {
 }
 
 impl Critic {
-    /// A critic from the base model folder `dir`; the head is drawn from N(0, initializer_range²)
-    /// with seed `seed` and a zero bias.
+    /// A critic in f32 from the base model folder `dir` (its optimiser lowers it to the run's
+    /// precision, [`AdamW::mixed`](super::optim::AdamW::mixed)); the head is drawn from
+    /// N(0, initializer_range²) with seed `seed` and a zero bias.
     pub fn load(dir: &Path, device: Device, seed: u64) -> Result<Self, ModelError> {
-        let model = CausalLm::load(dir, device)?;
+        let model = CausalLm::load_as(dir, device, Kind::Float)?;
         let hidden = model.config().hidden_size as i64;
         let std = model.config().initializer_range();
         let weight = tch::no_grad(|| {
@@ -32,13 +34,10 @@ impl Critic {
         Ok(Critic { model, head: (weight, bias) })
     }
 
-    /// `(B, W)` values over the micro-batch's window (f32), differentiable.
-    pub fn values(&self, batch: &MicroBatch) -> Tensor {
-        batch
-            .hidden(&self.model)
-            .linear(&self.head.0, Some(&self.head.1))
-            .squeeze_dim(-1)
-            .to_kind(Kind::Float)
+    /// `(B, W)` values (f32, differentiable) of the decoder's hidden states `(B, W, hidden)` over a
+    /// micro-batch's window ([`MicroBatch::hidden`], [`MicroBatch::forward`]).
+    pub fn head(&self, hidden: &Tensor) -> Tensor {
+        hidden.linear(&self.head.0, Some(&self.head.1)).squeeze_dim(-1).to_kind(Kind::Float)
     }
 
     /// All trainable tensors, named (the decoder's Hugging Face names plus `score.*`).

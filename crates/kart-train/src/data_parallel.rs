@@ -28,12 +28,11 @@ impl DataParallel {
         &self.group
     }
 
-    /// The rows of `rows` this rank computes: the rows ranked by length (longest first), dealt
-    /// out in turn, so every rank gets a like number of tokens.
+    /// The rows of `rows` this rank computes, balanced by tokens: longest first, each row goes to
+    /// the rank with the fewest tokens so far (the lowest rank on a tie). Every rank computes the
+    /// same assignment.
     pub fn share(&self, samples: &[Sample], rows: &[usize]) -> Vec<usize> {
-        let mut sorted = rows.to_vec();
-        sorted.sort_by_key(|&i| std::cmp::Reverse(samples[i].len()));
-        sorted.into_iter().skip(self.group.rank()).step_by(self.group.world_size()).collect()
+        balance(samples, rows, self.group.world_size()).swap_remove(self.group.rank())
     }
 
     /// Overwrites `params` with rank 0's, bucket by bucket.
@@ -110,6 +109,19 @@ impl DataParallel {
     }
 }
 
+/// `rows` dealt to `ranks` ranks by tokens, longest first to the least loaded.
+fn balance(samples: &[Sample], rows: &[usize], ranks: usize) -> Vec<Vec<usize>> {
+    let mut sorted = rows.to_vec();
+    sorted.sort_by_key(|&i| std::cmp::Reverse(samples[i].len()));
+    let mut shares = vec![(0usize, Vec::new()); ranks.max(1)];
+    for i in sorted {
+        let (tokens, share) = shares.iter_mut().min_by_key(|(tokens, _)| *tokens).expect("at least one rank");
+        *tokens += samples[i].len();
+        share.push(i);
+    }
+    shares.into_iter().map(|(_, share)| share).collect()
+}
+
 /// Consecutive runs of parameter indices of at most `bucket_bytes` each (a larger tensor is a
 /// bucket of its own).
 fn buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<Vec<usize>> {
@@ -157,6 +169,29 @@ fn unflatten(flat: &Tensor, tensors: &[Tensor], bucket: &[usize], write: impl Fn
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_get_like_numbers_of_tokens_not_of_samples() {
+        let sample = |len: usize| Sample {
+            group: 0,
+            token_ids: vec![1; len],
+            prompt_len: 1,
+            loss_mask: vec![1.0; len],
+            rollout_logprobs: vec![0.0; len],
+            reward: 0.0,
+            old_logprobs: vec![0.0; len],
+            ref_logprobs: vec![0.0; len],
+            values: vec![0.0; len],
+            advantages: vec![0.0; len],
+            returns: vec![0.0; len],
+        };
+        let samples: Vec<Sample> = [100, 10, 10, 10, 10, 10, 50, 40].into_iter().map(sample).collect();
+        let shares = balance(&samples, &(0..8).collect::<Vec<_>>(), 2);
+        let tokens: Vec<usize> = shares.iter().map(|s| s.iter().map(|&i| samples[i].len()).sum()).collect();
+        assert_eq!(tokens, [120, 120], "{shares:?}");
+        assert_eq!(shares[0], [0, 2, 4], "the long sample and two short ones");
+        assert_eq!(balance(&samples, &[1], 3), [vec![1], vec![], vec![]]);
+    }
 
     #[test]
     fn buckets_hold_consecutive_parameters_up_to_their_size() {

@@ -44,6 +44,23 @@ impl AdamW {
         AdamW { slots, config, steps: 0 }
     }
 
+    /// An optimiser of f32 `params` that keeps their f32 values as master copies and lowers the
+    /// parameters themselves (the model's tensors, in place) to `kind`: the updates run on the
+    /// masters, which start from the exact f32 weights rather than from their rounding.
+    pub fn mixed(params: Vec<(String, Tensor)>, config: OptimConfig, kind: Kind) -> Self {
+        let mut optimizer = Self::new(params, config);
+        if kind != Kind::Float {
+            tch::no_grad(|| {
+                for slot in &mut optimizer.slots {
+                    slot.master = Some(slot.param.detach().to_kind(Kind::Float).copy());
+                    let lowered = slot.param.to_kind(kind);
+                    slot.param.set_data(&lowered);
+                }
+            });
+        }
+        optimizer
+    }
+
     /// The parameters it updates, in order.
     pub fn parameters(&self) -> Vec<Tensor> {
         self.slots.iter().map(|s| s.param.shallow_clone()).collect()

@@ -4,6 +4,7 @@
 
 use super::ConfigError;
 use super::env::EnvConfig;
+use super::memory::{Precision, ReferenceConfig, Sharding};
 use super::rollout::ContextConfig;
 use crate::rl::kl::KlEstimator;
 use crate::rl::loss::LossAggMode;
@@ -51,6 +52,17 @@ pub struct TrainConfig {
     /// Data-parallel training over several processes (`kart train --nproc-per-node`, or the
     /// `RANK`/`WORLD_SIZE` variables the operator sets).
     pub distributed: DistributedConfig,
+    /// Weights and compute in bf16 or f32; unset: bf16 on CUDA, f32 on the CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precision: Option<Precision>,
+    /// Keep only each decoder layer's input in the forward pass and recompute the layer in the
+    /// backward pass.
+    pub activation_checkpointing: bool,
+    /// What the data-parallel ranks shard between them (only `none` trains yet; `kart plan`
+    /// sizes the others).
+    pub sharding: Sharding,
+    /// The reference policy of the KL loss.
+    pub reference: ReferenceConfig,
 }
 
 /// How the ranks of a data-parallel run talk.
@@ -104,6 +116,10 @@ impl Default for TrainConfig {
             port: 8002,
             device: Device::Auto,
             distributed: DistributedConfig::default(),
+            precision: None,
+            activation_checkpointing: false,
+            sharding: Sharding::None,
+            reference: ReferenceConfig::default(),
         }
     }
 }
@@ -321,11 +337,21 @@ pub struct BatchConfig {
     pub mini_batch_prompts: usize,
     /// Trajectories per forward/backward pass; gradients accumulate over a mini-batch.
     pub micro_batch_size: usize,
+    /// Tokens per forward/backward pass instead: trajectories packed into one row without
+    /// padding, each attending only to itself (`micro_batch_size` is then unused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batch_tokens: Option<usize>,
 }
 
 impl Default for BatchConfig {
     fn default() -> Self {
-        BatchConfig { prompts: 512, n: 5, mini_batch_prompts: 256, micro_batch_size: 8 }
+        BatchConfig {
+            prompts: 512,
+            n: 5,
+            mini_batch_prompts: 256,
+            micro_batch_size: 8,
+            micro_batch_tokens: None,
+        }
     }
 }
 
@@ -497,6 +523,24 @@ impl TrainConfig {
         if a.ppo_epochs == 0 {
             return err("algorithm.ppo_epochs", &a.ppo_epochs, "must be at least 1");
         }
+        if self.sharding != Sharding::None {
+            let value = serde_json::to_value(self.sharding).unwrap_or_default();
+            return err(
+                "sharding",
+                &value.as_str().unwrap_or_default(),
+                "the trainer shards nothing yet: use none (kart plan sizes the other modes)",
+            );
+        }
+        if self.reference.offload {
+            return err(
+                "reference.offload",
+                &true,
+                "the trainer keeps the reference on its device yet: use false",
+            );
+        }
+        if b.micro_batch_tokens == Some(0) {
+            return err("batch.micro_batch_tokens", &0, "must be at least 1");
+        }
         let d = &self.distributed;
         if !above(d.timeout_secs, 0.0) {
             return err("distributed.timeout_secs", &d.timeout_secs, "must be positive");
@@ -662,5 +706,26 @@ mod tests {
         let mut c = valid();
         c.critic.optim.lr = -1.0;
         assert!(c.validate().unwrap_err().to_string().starts_with("critic.optim.lr = -1"));
+        let mut c = valid();
+        c.sharding = Sharding::Full;
+        assert!(c.validate().unwrap_err().to_string().starts_with("sharding = full: "));
+        let mut c = valid();
+        c.batch.micro_batch_tokens = Some(0);
+        assert!(c.validate().unwrap_err().to_string().starts_with("batch.micro_batch_tokens = 0"));
+    }
+
+    #[test]
+    fn memory_settings_parse() {
+        let c: TrainConfig = serde_json::from_str(
+            r#"{"precision": "bf16", "activation_checkpointing": true, "batch": {"micro_batch_tokens": 8192}}"#,
+        )
+        .unwrap();
+        assert_eq!((c.precision, c.activation_checkpointing), (Some(Precision::Bf16), true));
+        assert_eq!(c.batch.micro_batch_tokens, Some(8192));
+        assert_eq!(Precision::resolve(None, true), Precision::Bf16);
+        assert_eq!(Precision::resolve(None, false), Precision::F32);
+        assert_eq!(Precision::resolve(Some(Precision::Bf16), false), Precision::Bf16);
+        let e = serde_json::from_str::<TrainConfig>(r#"{"precision": "fp16"}"#).unwrap_err();
+        assert!(e.to_string().contains("fp16"), "{e}");
     }
 }

@@ -445,6 +445,7 @@ async fn reinforce(config: &Config, world: &WorldOnDisk, warm: &Path) -> anyhow:
             n: config.n,
             mini_batch_prompts: config.prompts,
             micro_batch_size: 16,
+            micro_batch_tokens: None,
         },
         rollout: RolloutSource {
             index: Some(world.index_dir.clone()),

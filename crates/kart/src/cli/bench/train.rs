@@ -168,7 +168,13 @@ impl Batch {
         TrainConfig {
             model,
             device,
-            batch: BatchConfig { prompts, n: n / prompts, mini_batch_prompts: prompts, micro_batch_size: n },
+            batch: BatchConfig {
+                prompts,
+                n: n / prompts,
+                mini_batch_prompts: prompts,
+                micro_batch_size: n,
+                ..Default::default()
+            },
             optim: OptimConfig { lr: 1e-6, ..OptimConfig::default() },
             total_steps: 1_000,
             ..TrainConfig::default()
