@@ -27,6 +27,7 @@ fn main() {
         .define("GLOG_USE_GLOG_EXPORT", None)
         .define("USE_C10D_GLOO", None)
         .file("shim/runtime.cpp")
+        .file("shim/autograd.cpp")
         .file("shim/c10d.cpp");
     let cuda = lib.join("libtorch_cuda.so").exists().then(|| cuda_headers(torch)).flatten();
     if let Some(dirs) = &cuda {
@@ -44,7 +45,8 @@ fn main() {
     for l in ["torch_cpu", "c10"] {
         println!("cargo:rustc-link-lib={l}");
     }
-    for f in ["shim/kart_torch.h", "shim/error.hpp", "shim/runtime.cpp", "shim/c10d.cpp"] {
+    for f in ["shim/kart_torch.h", "shim/error.hpp", "shim/runtime.cpp", "shim/autograd.cpp", "shim/c10d.cpp"]
+    {
         println!("cargo:rerun-if-changed={f}");
     }
     println!("cargo:rerun-if-env-changed=KART_GLOO_INCLUDE");

@@ -616,6 +616,12 @@ pub fn parameter_count(config: &ModelConfig, prefix: &str) -> u64 {
         .sum()
 }
 
+/// `n` samples of N(0, std²) drawn from a generator seeded with `seed` (the same on every
+/// thread and device: no global generator is touched).
+pub fn seeded_normal(seed: u64, n: usize, std: f64) -> Vec<f32> {
+    normal(&mut ChaCha8Rng::seed_from_u64(seed), n, std)
+}
+
 /// `n` samples of N(0, std²) by the Box-Muller transform.
 fn normal(rng: &mut ChaCha8Rng, n: usize, std: f64) -> Vec<f32> {
     let mut samples = Vec::with_capacity(n + 1);

@@ -26,6 +26,9 @@ char* kart_torch_nccl_version(char** version);
 char* kart_torch_gloo_device(void);
 void kart_torch_free_string(char* s);
 
+// Drops the tensor's gradient (undefined again, its memory released).
+char* kart_clear_grad(kart_tensor tensor);
+
 // c10d's TCPStore: the server on rank 0, clients elsewhere.
 char* kart_store_tcp(const char* host, uint16_t port, bool is_server, int world_size,
                      int64_t timeout_ms, kart_store** out);

@@ -17,6 +17,7 @@ pub struct KartWork {
 
 unsafe extern "C" {
     pub fn kart_torch_free_string(s: *mut c_char);
+    pub fn kart_clear_grad(tensor: *mut c_void) -> *mut c_char;
     pub fn kart_torch_version() -> *const c_char;
     pub fn kart_torch_cuda_hooks_registered() -> bool;
     pub fn kart_torch_cuda_device_count() -> c_int;

@@ -4,6 +4,7 @@
 //!   for `kart doctor`.
 //! - [`device`]: the device a component runs on, chosen from its config and logged.
 //! - [`ranks`]: this process's place in a distributed run, from torchrun's variables.
+//! - [`grad`]: dropping a tensor's gradient, which tch can only zero;
 //! - [`group`]: c10d process groups over a `TCPStore` rendezvous, and the collectives training
 //!   needs (all-reduce, broadcast, all-gather, reduce-scatter, barrier), with timeouts.
 //!
@@ -12,6 +13,7 @@
 
 pub mod device;
 mod ffi;
+pub mod grad;
 pub mod group;
 pub mod ranks;
 pub mod runtime;

@@ -24,12 +24,12 @@ impl Critic {
         let model = CausalLm::load_as(dir, device, Kind::Float)?;
         let hidden = model.config().hidden_size as i64;
         let std = model.config().initializer_range();
-        let weight = tch::no_grad(|| {
-            tch::manual_seed(seed as i64);
-            (Tensor::randn([1, hidden], (Kind::Float, Device::Cpu)) * std).to_device(device)
-        })
-        .to_kind(model.kind())
-        .set_requires_grad(true);
+        let draws = kart_model::transformer::seeded_normal(seed, hidden as usize, std);
+        let weight = Tensor::from_slice(&draws)
+            .view([1, hidden])
+            .to_device(device)
+            .to_kind(model.kind())
+            .set_requires_grad(true);
         let bias = Tensor::zeros([1], (model.kind(), device)).set_requires_grad(true);
         Ok(Critic { model, head: (weight, bias) })
     }

@@ -28,6 +28,18 @@ impl DataParallel {
         &self.group
     }
 
+    /// `params`' gradient buckets: consecutive parameters of at most `bucket_mb` MiB.
+    pub fn buckets(&self, params: &[Tensor]) -> Vec<Vec<usize>> {
+        buckets(params, self.bucket_bytes)
+    }
+
+    /// The largest of the ranks' `count`s.
+    pub fn max(&self, count: usize) -> Result<usize, DistError> {
+        let mut t = Tensor::from_slice(&[count as i64]).to_device(self.group.device());
+        self.group.all_reduce(&mut t, ReduceOp::Max)?;
+        Ok(t.int64_value(&[0]) as usize)
+    }
+
     /// The rows of `rows` this rank computes, balanced by tokens: longest first, each row goes to
     /// the rank with the fewest tokens so far (the lowest rank on a tie). Every rank computes the
     /// same assignment.
@@ -124,7 +136,7 @@ fn balance(samples: &[Sample], rows: &[usize], ranks: usize) -> Vec<Vec<usize>> 
 
 /// Consecutive runs of parameter indices of at most `bucket_bytes` each (a larger tensor is a
 /// bucket of its own).
-fn buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<Vec<usize>> {
+pub(crate) fn buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<Vec<usize>> {
     let mut buckets: Vec<Vec<usize>> = Vec::new();
     let mut bytes = 0;
     for (i, p) in params.iter().enumerate() {
@@ -150,13 +162,18 @@ fn define_zero_gradients(params: &[&Tensor]) {
 }
 
 /// The tensors of `bucket`, flattened and concatenated.
-fn flatten(tensors: &[Tensor], bucket: &[usize]) -> Tensor {
+pub(crate) fn flatten(tensors: &[Tensor], bucket: &[usize]) -> Tensor {
     let parts: Vec<Tensor> = bucket.iter().map(|&i| tensors[i].detach().reshape([-1])).collect();
     Tensor::cat(&parts, 0)
 }
 
 /// Hands each tensor of `bucket` its slice of `flat` through `write`.
-fn unflatten(flat: &Tensor, tensors: &[Tensor], bucket: &[usize], write: impl Fn(&mut Tensor, &Tensor)) {
+pub(crate) fn unflatten(
+    flat: &Tensor,
+    tensors: &[Tensor],
+    bucket: &[usize],
+    write: impl Fn(&mut Tensor, &Tensor),
+) {
     let mut at = 0;
     for &i in bucket {
         let mut t = tensors[i].shallow_clone();

@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 pub enum Order {
     /// Train step `step` (0-based) on these groups.
     Step { step: u64, groups: Vec<Group> },
+    /// Rank 0 writes a checkpoint: join the gathering of sharded optimiser states.
+    Checkpoint,
     /// The run is over.
     Done,
     /// Rank 0 failed; stop.
@@ -59,6 +61,9 @@ impl Follower {
                     let mut samples = Sample::of_groups(&groups, self.config.algorithm.mask_observations);
                     self.learner.step(&mut samples, &self.config, step)?;
                     steps += 1;
+                }
+                Order::Checkpoint => {
+                    self.learner.optimizer_states()?;
                 }
                 Order::Done => return Ok(steps),
                 Order::Stop { reason } => return Err(TrainError::LeaderStopped { reason }),

@@ -2,9 +2,10 @@
 //! and evaluation. Its configuration is [`kart_core::config::train::TrainConfig`].
 //!
 //! - [`data`]: the prompts of the three dataset formats and their seeded order;
-//! - [`batch`]: trajectories as samples and padded micro-batches;
+//! - [`batch`]: trajectories as samples and micro-batches, padded or packed;
 //! - [`losses`]: the RL losses on tensors (the twins of [`kart_core::rl`]);
-//! - [`optim`]: AdamW, gradient clipping and the learning-rate schedule;
+//! - [`optim`]: AdamW, gradient clipping and the learning-rate schedule; [`zero`]: its state
+//!   sharded over the data-parallel ranks;
 //! - [`critic`]: the value model of PPO;
 //! - [`update`]: one optimisation step, and [`data_parallel`]: its share on each rank of a
 //!   data-parallel run;
@@ -35,3 +36,4 @@ pub mod server;
 pub mod trainer;
 pub mod update;
 pub mod weights;
+pub mod zero;

@@ -28,7 +28,7 @@ pub struct AdamW {
 /// A checkpointed state that does not fit the parameters.
 #[derive(Debug, thiserror::Error)]
 #[error("optimizer state: {0}")]
-pub struct StateError(String);
+pub struct StateError(pub(crate) String);
 
 impl AdamW {
     /// An optimiser of `params` (trainable tensors, named) with `config`.
@@ -98,33 +98,20 @@ impl AdamW {
     /// Returns the gradient norm before clipping; a non-finite norm skips the update.
     pub fn step(&mut self, lr: f64) -> f64 {
         let norm = self.grad_norm();
-        if !norm.is_finite() {
-            tracing::warn!(grad_norm = norm, "non-finite gradient norm; update skipped");
-            return norm;
-        }
-        let clip = self.config.grad_clip;
-        let scale = if clip > 0.0 && norm > clip { clip / (norm + 1e-6) } else { 1.0 };
+        let Some(scale) = clip_scale(norm, self.config.grad_clip) else { return norm };
         self.steps += 1;
-        let (b1, b2, eps, wd) =
-            (self.config.beta1, self.config.beta2, self.config.eps, self.config.weight_decay);
-        let bias1 = 1.0 - b1.powi(self.steps as i32);
-        let bias2_sqrt = (1.0 - b2.powi(self.steps as i32)).sqrt();
+        let update = Update::new(&self.config, lr, self.steps, scale);
         tch::no_grad(|| {
             for slot in &mut self.slots {
                 let grad = slot.param.grad();
                 if !grad.defined() {
                     continue;
                 }
-                let grad = grad.to_kind(Kind::Float) * scale;
                 let mut param = match &slot.master {
                     Some(master) => master.shallow_clone(),
                     None => slot.param.shallow_clone(),
                 };
-                let _ = param.g_mul_scalar_(1.0 - lr * wd);
-                let _ = slot.exp_avg.g_mul_scalar_(b1).g_add_(&(&grad * (1.0 - b1)));
-                let _ = slot.exp_avg_sq.g_mul_scalar_(b2).g_add_(&(grad.square() * (1.0 - b2)));
-                let denom = slot.exp_avg_sq.sqrt() / bias2_sqrt + eps;
-                let _ = param.g_sub_(&(&slot.exp_avg / denom * (lr / bias1)));
+                update.apply(&mut param, &grad, &mut slot.exp_avg, &mut slot.exp_avg_sq);
                 if let Some(master) = &slot.master {
                     slot.param.copy_(master);
                 }
@@ -149,33 +136,103 @@ impl AdamW {
 
     /// Restores a state written by [`Self::state`].
     pub fn load_state(&mut self, tensors: Vec<(String, Tensor)>, steps: i64) -> Result<(), StateError> {
-        let mut by_name: HashMap<String, Tensor> = tensors.into_iter().collect();
-        let mut take = |name: String, like: &Tensor| -> Result<Tensor, StateError> {
-            let t = by_name.remove(&name).ok_or_else(|| StateError(format!("`{name}` is missing")))?;
-            if t.size() != like.size() {
-                return Err(StateError(format!(
-                    "`{name}` has shape {:?}, expected {:?}",
-                    t.size(),
-                    like.size()
-                )));
-            }
-            Ok(t.to_kind(Kind::Float).to_device(like.device()))
-        };
+        let mut state = NamedState::new(tensors);
         tch::no_grad(|| {
             for s in &mut self.slots {
-                s.exp_avg = take(format!("{}.exp_avg", s.name), &s.exp_avg)?;
-                s.exp_avg_sq = take(format!("{}.exp_avg_sq", s.name), &s.exp_avg_sq)?;
+                let like = s.param.shallow_clone();
+                s.exp_avg = state.take(&format!("{}.exp_avg", s.name), &like)?;
+                s.exp_avg_sq = state.take(&format!("{}.exp_avg_sq", s.name), &like)?;
                 if s.master.is_some() {
-                    s.master = Some(take(format!("{}.master", s.name), &s.exp_avg)?);
+                    s.master = Some(state.take(&format!("{}.master", s.name), &like)?);
                 }
             }
             Ok::<_, StateError>(())
         })?;
-        if let Some(extra) = by_name.keys().next() {
-            return Err(StateError(format!("`{extra}` belongs to no parameter")));
-        }
+        state.finish()?;
         self.steps = steps;
         Ok(())
+    }
+}
+
+/// A checkpointed optimiser state by name, taken tensor by tensor.
+pub(crate) struct NamedState(HashMap<String, Tensor>);
+
+impl NamedState {
+    pub(crate) fn new(tensors: Vec<(String, Tensor)>) -> Self {
+        NamedState(tensors.into_iter().collect())
+    }
+
+    /// The f32 tensor `name`, of `like`'s shape, on its device.
+    pub(crate) fn take(&mut self, name: &str, like: &Tensor) -> Result<Tensor, StateError> {
+        let t = self.0.remove(name).ok_or_else(|| StateError(format!("`{name}` is missing")))?;
+        if t.size() != like.size() {
+            return Err(StateError(format!("`{name}` has shape {:?}, expected {:?}", t.size(), like.size())));
+        }
+        Ok(t.to_kind(Kind::Float).to_device(like.device()))
+    }
+
+    /// An error for a tensor nothing took.
+    pub(crate) fn finish(self) -> Result<(), StateError> {
+        match self.0.keys().next() {
+            Some(extra) => Err(StateError(format!("`{extra}` belongs to no parameter"))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The factor that brings gradients of global norm `norm` within `clip` (0: no clipping); `None`
+/// for a non-finite norm, whose update is skipped.
+pub fn clip_scale(norm: f64, clip: f64) -> Option<f64> {
+    if !norm.is_finite() {
+        tracing::warn!(grad_norm = norm, "non-finite gradient norm; update skipped");
+        return None;
+    }
+    Some(if clip > 0.0 && norm > clip { clip / (norm + 1e-6) } else { 1.0 })
+}
+
+/// One AdamW update (PyTorch's `torch.optim.AdamW`): the element-wise arithmetic shared by
+/// [`AdamW`] and the sharded optimiser.
+pub(crate) struct Update {
+    lr: f64,
+    scale: f64,
+    b1: f64,
+    b2: f64,
+    eps: f64,
+    decay: f64,
+    bias1: f64,
+    bias2_sqrt: f64,
+}
+
+impl Update {
+    /// The update at `lr` of step `step` (1-based), gradients multiplied by `scale`.
+    pub(crate) fn new(config: &OptimConfig, lr: f64, step: i64, scale: f64) -> Self {
+        let (b1, b2) = (config.beta1, config.beta2);
+        Update {
+            lr,
+            scale,
+            b1,
+            b2,
+            eps: config.eps,
+            decay: 1.0 - lr * config.weight_decay,
+            bias1: 1.0 - b1.powi(step as i32),
+            bias2_sqrt: (1.0 - b2.powi(step as i32)).sqrt(),
+        }
+    }
+
+    /// Updates the f32 `param` in place from `grad` (any kind) and its moments.
+    pub(crate) fn apply(
+        &self,
+        param: &mut Tensor,
+        grad: &Tensor,
+        exp_avg: &mut Tensor,
+        exp_avg_sq: &mut Tensor,
+    ) {
+        let grad = grad.to_kind(Kind::Float) * self.scale;
+        let _ = param.g_mul_scalar_(self.decay);
+        let _ = exp_avg.g_mul_scalar_(self.b1).g_add_(&(&grad * (1.0 - self.b1)));
+        let _ = exp_avg_sq.g_mul_scalar_(self.b2).g_add_(&(grad.square() * (1.0 - self.b2)));
+        let denom = exp_avg_sq.sqrt() / self.bias2_sqrt + self.eps;
+        let _ = param.g_sub_(&(&*exp_avg / denom * (self.lr / self.bias1)));
     }
 }
 

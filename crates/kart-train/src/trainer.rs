@@ -541,20 +541,24 @@ impl Trainer {
     /// Writes a checkpoint of the current step.
     async fn save_checkpoint(&mut self, record: &StepRecord) -> Result<(), TrainError> {
         self.status.update(|s| s.phase = Phase::Checkpointing);
+        // Sharded optimiser states are gathered from every rank.
+        let states = tokio::task::block_in_place(|| {
+            self.order(&Order::Checkpoint)?;
+            Ok::<_, TrainError>(self.learner.optimizer_states()?)
+        })?;
         let state = TrainerState {
             step: self.step,
             policy_version: self.version,
             seed: self.config.seed,
             data_cursor: serde_json::to_value(self.cursor).expect("the cursor serialises"),
-            optimizer_steps: self.learner.optimizer.steps(),
-            critic_optimizer_steps: self.learner.critic.as_ref().map(|(_, o)| o.steps()),
+            optimizer_steps: states.policy.1,
+            critic_optimizer_steps: states.critic.as_ref().map(|(_, steps)| *steps),
         };
-        let (optimizer, _) = self.learner.optimizer.state();
         let parts = Parts {
             state: &state,
-            optimizer,
+            optimizer: states.policy.0,
             critic: self.learner.critic.as_ref().map(|(c, _)| c.parameters()),
-            critic_optimizer: self.learner.critic.as_ref().map(|(_, o)| o.state().0),
+            critic_optimizer: states.critic.map(|(tensors, _)| tensors),
         };
         let root = self.config.output_dir.join("checkpoints");
         let dir = tokio::task::block_in_place(|| {
@@ -677,13 +681,15 @@ fn write_eval(r: &mut StepRecord, evaluation: &Evaluation) {
 /// ranks of a data-parallel run.
 pub fn learner(config: &TrainConfig, loaded: Option<&Loaded>, ranks: &Ranks) -> Result<Learner, TrainError> {
     let device = kart_torch::choose("trainer", "device", config.device, ranks.local_rank)?;
-    let mut learner = Learner::load(config, loaded, device)?;
-    if ranks.world_size > 1 {
-        let timeout = Duration::from_secs_f64(config.distributed.timeout_secs);
-        let group = ProcessGroup::join(ranks, device, timeout)?;
-        learner.distribute(DataParallel::new(group, config.distributed.bucket_mb))?;
-    }
-    Ok(learner)
+    let parallel = match ranks.world_size {
+        1 => None,
+        _ => {
+            let timeout = Duration::from_secs_f64(config.distributed.timeout_secs);
+            let group = ProcessGroup::join(ranks, device, timeout)?;
+            Some(DataParallel::new(group, config.distributed.bucket_mb))
+        }
+    };
+    Ok(Learner::load(config, loaded, device, parallel)?)
 }
 
 /// Where a run starts: step, policy version and data cursor, from `checkpoint` when resuming.

@@ -9,14 +9,15 @@ use super::data_parallel::DataParallel;
 use super::losses::{self, Normalizer};
 use super::optim::{AdamW, StateError, learning_rate};
 use super::record::{StepRecord, keys};
-use kart_core::config::memory::Precision;
-use kart_core::config::train::{AdvantageEstimator, TrainConfig};
+use super::zero::{Optimizer, ShardedAdamW};
+use kart_core::config::memory::{Precision, Sharding};
+use kart_core::config::train::{AdvantageEstimator, OptimConfig, TrainConfig};
 use kart_core::rl::advantage::{grpo_advantages, rloo_advantages};
 use kart_core::rl::loss::{Matrix, PolicyClip};
 use kart_model::logprobs::{DEFAULT_CHUNK, masked_token_logprobs};
 use kart_model::{CausalLm, ModelError};
 use kart_torch::DistError;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tch::{Device, Kind, Tensor};
 
 /// Why the learner could not be loaded.
@@ -32,16 +33,26 @@ pub enum LearnerError {
     },
     #[error("{path}: a PPO run needs the critic's checkpoint")]
     MissingCritic { path: PathBuf },
+    #[error(transparent)]
+    Dist(#[from] DistError),
+}
+
+/// The optimisers' states gathered whole, for a checkpoint.
+pub struct OptimizerStates {
+    /// The policy's, and its update count.
+    pub policy: (Vec<(String, Tensor)>, i64),
+    /// The critic's (PPO).
+    pub critic: Option<(Vec<(String, Tensor)>, i64)>,
 }
 
 /// The models and optimisers a step updates.
 pub struct Learner {
     pub policy: CausalLm,
-    pub optimizer: AdamW,
+    pub optimizer: Optimizer,
     /// The frozen reference policy of the KL loss.
     pub reference: Option<CausalLm>,
     /// The critic and its optimiser (PPO).
-    pub critic: Option<(Critic, AdamW)>,
+    pub critic: Option<(Critic, Optimizer)>,
     /// This rank's part in a data-parallel run (none: one process does all the work).
     pub parallel: Option<DataParallel>,
 }
@@ -83,12 +94,14 @@ fn normalizer(samples: &[Sample], rows: &[usize]) -> Normalizer {
 
 impl Learner {
     /// Loads the policy (from `checkpoint` when resuming, else `config.model`), the frozen
-    /// reference of the KL loss, AdamW, and for PPO the critic with its own AdamW, on `device`;
-    /// a checkpoint's optimiser states and critic are restored.
+    /// reference of the KL loss, and for PPO the critic, on `device`, and assembles them
+    /// ([`Self::assemble`]) into `parallel`'s run; a checkpoint's optimiser states and critic are
+    /// restored.
     pub fn load(
         config: &TrainConfig,
         checkpoint: Option<&Loaded>,
         device: Device,
+        parallel: Option<DataParallel>,
     ) -> Result<Learner, LearnerError> {
         let policy_dir = checkpoint.map_or_else(|| config.model.clone(), Loaded::policy_dir);
         let kind = parameter_kind(config.precision, device);
@@ -101,18 +114,9 @@ impl Learner {
             }
             None => None,
         };
-        let mut optimizer = AdamW::mixed(policy.named_tensors(), config.optim.clone(), kind);
-        let state_error = |dir: &Path| {
-            let path = dir.to_path_buf();
-            move |source| LearnerError::OptimizerState { path, source }
-        };
-        if let Some(c) = checkpoint {
-            optimizer.load_state(copy(&c.optimizer), c.state.optimizer_steps).map_err(state_error(&c.dir))?;
-        }
         let critic = match config.algorithm.advantage {
             AdvantageEstimator::Gae => {
                 let mut critic = Critic::load(&config.model, device, config.seed)?;
-                let mut opt = AdamW::mixed(critic.parameters(), config.critic.optim.clone(), kind);
                 if let Some(c) = checkpoint {
                     let origin = c.dir.join("critic.safetensors");
                     let tensors = c
@@ -120,16 +124,58 @@ impl Learner {
                         .as_ref()
                         .ok_or_else(|| LearnerError::MissingCritic { path: origin.clone() })?;
                     critic.load_parameters(tensors, &origin)?;
-                    if let Some(state) = &c.critic_optimizer {
-                        opt.load_state(copy(state), c.state.critic_optimizer_steps.unwrap_or(0))
-                            .map_err(state_error(&c.dir))?;
-                    }
                 }
-                Some((critic, opt))
+                Some(critic)
             }
             _ => None,
         };
-        Ok(Learner { policy, optimizer, reference, critic, parallel: None })
+        let mut learner = Self::assemble(policy, reference, critic, config, kind, parallel)?;
+        if let Some(c) = checkpoint {
+            let state_error = |source| LearnerError::OptimizerState { path: c.dir.clone(), source };
+            learner.optimizer.load_state(copy(&c.optimizer), c.state.optimizer_steps).map_err(state_error)?;
+            if let (Some((_, opt)), Some(state)) = (&mut learner.critic, &c.critic_optimizer) {
+                opt.load_state(copy(state), c.state.critic_optimizer_steps.unwrap_or(0))
+                    .map_err(state_error)?;
+            }
+        }
+        Ok(learner)
+    }
+
+    /// The learner of the f32 `policy` and `critic` (and the frozen `reference`): in a
+    /// data-parallel run every rank starts from rank 0's parameters; each optimiser is AdamW,
+    /// replicated or sharded over the ranks as `config.sharding` says, and lowers its parameters
+    /// to `kind` (keeping f32 masters).
+    pub fn assemble(
+        policy: CausalLm,
+        reference: Option<CausalLm>,
+        critic: Option<Critic>,
+        config: &TrainConfig,
+        kind: Kind,
+        parallel: Option<DataParallel>,
+    ) -> Result<Learner, DistError> {
+        let optimizer =
+            |params: Vec<(String, Tensor)>, optim: &OptimConfig| -> Result<Optimizer, DistError> {
+                let Some(p) = &parallel else {
+                    return Ok(Optimizer::Replicated(AdamW::mixed(params, optim.clone(), kind)));
+                };
+                p.broadcast_parameters(&params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>())?;
+                Ok(match config.sharding {
+                    Sharding::None => Optimizer::Replicated(AdamW::mixed(params, optim.clone(), kind)),
+                    Sharding::Optimizer | Sharding::Gradients => {
+                        Optimizer::Sharded(ShardedAdamW::new(params, optim.clone(), kind, config.sharding, p))
+                    }
+                    Sharding::Full => unreachable!("refused by TrainConfig::validate"),
+                })
+            };
+        let policy_optimizer = optimizer(policy.named_tensors(), &config.optim)?;
+        let critic = match critic {
+            Some(critic) => {
+                let opt = optimizer(critic.parameters(), &config.critic.optim)?;
+                Some((critic, opt))
+            }
+            None => None,
+        };
+        Ok(Learner { policy, optimizer: policy_optimizer, reference, critic, parallel })
     }
 
     /// The device the policy lives on.
@@ -137,14 +183,13 @@ impl Learner {
         self.policy.device()
     }
 
-    /// Joins a data-parallel run: every rank starts from rank 0's parameters.
-    pub fn distribute(&mut self, parallel: DataParallel) -> Result<(), DistError> {
-        parallel.broadcast_parameters(&self.optimizer.parameters())?;
-        if let Some((_, optimizer)) = &self.critic {
-            parallel.broadcast_parameters(&optimizer.parameters())?;
-        }
-        self.parallel = Some(parallel);
-        Ok(())
+    /// The optimisers' states, whole; with sharded optimisers every rank must call it.
+    pub fn optimizer_states(&self) -> Result<OptimizerStates, DistError> {
+        let parallel = self.parallel.as_ref();
+        Ok(OptimizerStates {
+            policy: self.optimizer.state(parallel)?,
+            critic: self.critic.as_ref().map(|(_, o)| o.state(parallel)).transpose()?,
+        })
     }
 
     /// The rows of `rows` this rank computes: all of them without data parallelism.
@@ -155,16 +200,19 @@ impl Learner {
         }
     }
 
-    /// Sums the gradients of `optimizer`'s parameters across ranks, then steps it.
-    fn step_optimizer(
+    /// Before this rank's `done` micro-batches of a mini-batch, when `optimizer` reduces after
+    /// each: the reductions (of zeros) that bring it to as many as the busiest rank runs, so
+    /// every rank joins the same collectives.
+    fn catch_up(
+        optimizer: &mut Optimizer,
         parallel: Option<&DataParallel>,
-        optimizer: &mut AdamW,
-        lr: f64,
-    ) -> Result<f64, DistError> {
-        if let Some(p) = parallel {
-            p.all_reduce_gradients(&optimizer.parameters())?;
+        done: usize,
+    ) -> Result<(), DistError> {
+        let Some(p) = parallel.filter(|_| optimizer.reduces_per_micro_batch()) else { return Ok(()) };
+        for _ in done..p.max(done)? {
+            optimizer.after_micro_batch(parallel)?;
         }
-        Ok(optimizer.step(lr))
+        Ok(())
     }
 
     /// Fills old log-probabilities, reference log-probabilities and values (no gradients);
@@ -251,7 +299,9 @@ impl Learner {
         let temperature = config.rollout.sampling.temperature;
         self.optimizer.zero_grad();
         let split = MicroBatching::of(&config.batch);
-        for micro in split.split(samples, &self.share(samples, rows)) {
+        let micros = split.split(samples, &self.share(samples, rows));
+        Self::catch_up(&mut self.optimizer, self.parallel.as_ref(), micros.len())?;
+        for micro in micros {
             let mb = split.batch(samples, &micro, self.device());
             let forward = mb.forward(&self.policy, config.activation_checkpointing);
             let (lp, entropy) =
@@ -283,12 +333,13 @@ impl Learner {
                 sums.kl += kl.double_value(&[]);
             }
             forward.backward(&loss);
+            self.optimizer.after_micro_batch(self.parallel.as_ref())?;
             sums.pg_loss += pg.loss.double_value(&[]);
             sums.clipfrac += pg.clipfrac.double_value(&[]);
             sums.clipfrac_lower += pg.clipfrac_lower.double_value(&[]);
             sums.ppo_kl += pg.ppo_kl.double_value(&[]);
         }
-        sums.grad_norm += Self::step_optimizer(self.parallel.as_ref(), &mut self.optimizer, lr)?;
+        sums.grad_norm += self.optimizer.step(self.parallel.as_ref(), lr)?;
         sums.actor_updates += 1;
         Ok(())
     }
@@ -299,9 +350,12 @@ impl Learner {
         let MiniBatch { samples, rows, norm, config } = *mini;
         let mine = self.share(samples, rows);
         let Some((critic, optimizer)) = &mut self.critic else { return Ok(()) };
+        let parallel = self.parallel.as_ref();
         optimizer.zero_grad();
         let split = MicroBatching::of(&config.batch);
-        for micro in split.split(samples, &mine) {
+        let micros = split.split(samples, &mine);
+        Self::catch_up(optimizer, parallel, micros.len())?;
+        for micro in micros {
             let mb = split.batch(samples, &micro, critic.model.device());
             let forward = mb.forward(&critic.model, config.activation_checkpointing);
             let vf = losses::value_loss(
@@ -314,10 +368,11 @@ impl Learner {
                 norm,
             );
             forward.backward(&(config.critic.value_loss_coef * &vf.loss));
+            optimizer.after_micro_batch(parallel)?;
             sums.vf_loss += vf.loss.double_value(&[]);
             sums.vf_clipfrac += vf.clipfrac.double_value(&[]);
         }
-        sums.critic_grad_norm += Self::step_optimizer(self.parallel.as_ref(), optimizer, lr)?;
+        sums.critic_grad_norm += optimizer.step(parallel, lr)?;
         sums.critic_updates += 1;
         Ok(())
     }
@@ -506,47 +561,133 @@ mod tests {
 
     /// A learner on the tiny Qwen2 fixture with a reference, parameters of `kind`.
     fn learner_of(with_critic: bool, kind: Kind) -> Learner {
+        learner_with(with_critic, kind, &config(AdvantageEstimator::Grpo), None)
+    }
+
+    /// A learner on the tiny Qwen2 fixture with a reference, parameters of `kind`, its
+    /// optimisers as `config` says, in `parallel`'s run.
+    fn learner_with(
+        with_critic: bool,
+        kind: Kind,
+        config: &TrainConfig,
+        parallel: Option<DataParallel>,
+    ) -> Learner {
         let policy = CausalLm::load(&kart_testing::model("tiny-qwen2"), Device::Cpu).unwrap();
         let mut reference = CausalLm::load_as(&kart_testing::model("tiny-qwen2"), Device::Cpu, kind).unwrap();
         reference.var_store_mut().freeze();
-        let optimizer =
-            AdamW::mixed(policy.named_tensors(), OptimConfig { lr: 1e-3, ..OptimConfig::default() }, kind);
-        let critic = with_critic.then(|| {
-            let critic = Critic::load(&kart_testing::model("tiny-qwen2"), Device::Cpu, 0).unwrap();
-            let opt =
-                AdamW::mixed(critic.parameters(), OptimConfig { lr: 1e-3, ..OptimConfig::default() }, kind);
-            (critic, opt)
-        });
-        Learner { policy, optimizer, reference: Some(reference), critic, parallel: None }
+        let critic =
+            with_critic.then(|| Critic::load(&kart_testing::model("tiny-qwen2"), Device::Cpu, 0).unwrap());
+        Learner::assemble(policy, Some(reference), critic, config, kind, parallel).unwrap()
     }
 
-    /// The policy (and critic) after `steps` steps on `samples(30)`, on `world` ranks (threads of
-    /// this process, each with its own learner and process group); rank 0's parameters.
-    fn trained(world: usize, config: &TrainConfig, with_critic: bool) -> Vec<Tensor> {
+    /// Where a run of [`trained`] starts from and what it ends with: the policy's (and critic's)
+    /// parameters and the optimisers' whole states.
+    struct Snapshot {
+        params: Vec<Tensor>,
+        states: Vec<(Vec<(String, Tensor)>, i64)>,
+    }
+
+    fn parameters(learner: &Learner) -> Vec<Tensor> {
+        let mut params = learner.optimizer.parameters();
+        if let Some((_, optimizer)) = &learner.critic {
+            params.extend(optimizer.parameters());
+        }
+        params
+    }
+
+    /// `steps` steps from `start` (else the fixture) on `samples(30)`, on `world` ranks (threads
+    /// of this process, each with its own learner and process group); rank 0's end.
+    fn trained_from(
+        world: usize,
+        config: &TrainConfig,
+        with_critic: bool,
+        start: Option<&Snapshot>,
+        steps: std::ops::Range<u64>,
+    ) -> Snapshot {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let ranks: Vec<_> = (0..world)
             .map(|rank| {
-                let config = config.clone();
+                let (config, steps) = (config.clone(), steps.clone());
+                let start = start.map(|s| Snapshot {
+                    params: s.params.iter().map(Tensor::copy).collect(),
+                    states: s.states.iter().map(|(t, n)| (copy(t), *n)).collect(),
+                });
                 std::thread::spawn(move || {
-                    let mut learner = learner(with_critic);
-                    if world > 1 {
+                    let parallel = (world > 1).then(|| {
                         let ranks = kart_torch::Ranks::loopback(rank, world, port);
                         let timeout = std::time::Duration::from_secs(60);
                         let group = kart_torch::ProcessGroup::join(&ranks, Device::Cpu, timeout).unwrap();
-                        learner.distribute(DataParallel::new(group, 0.01)).unwrap();
+                        DataParallel::new(group, 0.01)
+                    });
+                    let mut learner = learner_with(with_critic, Kind::Float, &config, parallel);
+                    if let Some(start) = start {
+                        tch::no_grad(|| {
+                            for (mut p, v) in parameters(&learner).into_iter().zip(&start.params) {
+                                p.copy_(v);
+                            }
+                        });
+                        let mut states = start.states.into_iter();
+                        let (state, n) = states.next().unwrap();
+                        learner.optimizer.load_state(state, n).unwrap();
+                        if let Some((_, optimizer)) = &mut learner.critic {
+                            let (state, n) = states.next().unwrap();
+                            optimizer.load_state(state, n).unwrap();
+                        }
                     }
-                    for step in 0..2 {
+                    for step in steps {
                         learner.step(&mut samples(30), &config, step).unwrap();
                     }
-                    let mut params = learner.optimizer.parameters();
-                    if let Some((_, optimizer)) = &learner.critic {
-                        params.extend(optimizer.parameters());
+                    let states = learner.optimizer_states().unwrap();
+                    Snapshot {
+                        params: parameters(&learner).iter().map(Tensor::copy).collect(),
+                        states: std::iter::once(states.policy).chain(states.critic).collect(),
                     }
-                    params.iter().map(Tensor::copy).collect::<Vec<_>>()
                 })
             })
             .collect();
         ranks.into_iter().map(|r| r.join().unwrap()).next().unwrap()
+    }
+
+    /// The policy (and critic) after 2 steps from the fixture on `world` ranks.
+    fn trained(world: usize, config: &TrainConfig, with_critic: bool) -> Vec<Tensor> {
+        trained_from(world, config, with_critic, None, 0..2).params
+    }
+
+    fn max_abs_difference(a: &[Tensor], b: &[Tensor]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| (x - y).abs().max().double_value(&[])).fold(0.0, f64::max)
+    }
+
+    /// ZeRO-1 and ZeRO-2 on 2 and 3 ranks end 3 steps (PPO's critic included, 2 epochs, several
+    /// micro-batches, a rank without samples on 3) with the policy unsharded training reaches; the
+    /// whole state gathered from 2 sharded ranks resumes onto 3 sharded ranks and onto one
+    /// unsharded process alike.
+    #[test]
+    fn sharded_optimizers_reach_the_unsharded_policy_and_resume_onto_other_rank_counts() {
+        let mut base = config(AdvantageEstimator::Gae);
+        base.algorithm.ppo_epochs = 2;
+        base.batch.micro_batch_size = 1;
+        let unsharded = trained_from(1, &base, true, None, 0..3);
+        for sharding in [Sharding::Optimizer, Sharding::Gradients] {
+            let config = TrainConfig { sharding, ..base.clone() };
+            for world in [2, 3] {
+                let sharded = trained_from(world, &config, true, None, 0..3);
+                let diff = max_abs_difference(&unsharded.params, &sharded.params);
+                assert!(diff <= 1e-5, "{sharding:?} on {world} ranks: max abs difference {diff}");
+            }
+            let midway = trained_from(2, &config, true, None, 0..2);
+            let names = |s: &Snapshot| {
+                let mut names: Vec<String> =
+                    s.states.iter().flat_map(|(t, _)| t.iter().map(|(n, _)| n.clone())).collect();
+                names.sort();
+                names
+            };
+            assert_eq!(names(&midway), names(&trained_from(1, &base, true, None, 0..2)), "AdamW's names");
+            for (world, config) in [(3, &config), (1, &base)] {
+                let resumed = trained_from(world, config, true, Some(&midway), 2..3);
+                let diff = max_abs_difference(&unsharded.params, &resumed.params);
+                assert!(diff <= 1e-5, "{sharding:?}: resumed on {world} ranks: max abs difference {diff}");
+            }
+        }
     }
 
     /// Ranks split every mini-batch's samples and sum their gradients: the update is one
@@ -577,7 +718,7 @@ mod tests {
         for (config, with_critic, world) in cases {
             let one = trained(1, &config, with_critic);
             let many = trained(world, &config, with_critic);
-            let start = learner(with_critic).optimizer.parameters();
+            let start = parameters(&learner(with_critic));
             let moved = one
                 .iter()
                 .zip(&start)
@@ -666,7 +807,7 @@ mod tests {
             let mut learner = learner_of(false, kind);
             let records: Vec<StepRecord> =
                 (0..3).map(|step| learner.step(&mut samples(30), &config, step).unwrap()).collect();
-            let (state, _) = learner.optimizer.state();
+            let (state, _) = learner.optimizer.state(None).unwrap();
             let weights: Vec<(String, Tensor)> = match kind {
                 Kind::Float => learner.policy.named_tensors(),
                 _ => state

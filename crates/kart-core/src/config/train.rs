@@ -58,8 +58,8 @@ pub struct TrainConfig {
     /// Keep only each decoder layer's input in the forward pass and recompute the layer in the
     /// backward pass.
     pub activation_checkpointing: bool,
-    /// What the data-parallel ranks shard between them (only `none` trains yet; `kart plan`
-    /// sizes the others).
+    /// What the data-parallel ranks shard between them (`full` is refused yet; `kart plan`
+    /// sizes it).
     pub sharding: Sharding,
     /// The reference policy of the KL loss.
     pub reference: ReferenceConfig,
@@ -523,12 +523,11 @@ impl TrainConfig {
         if a.ppo_epochs == 0 {
             return err("algorithm.ppo_epochs", &a.ppo_epochs, "must be at least 1");
         }
-        if self.sharding != Sharding::None {
-            let value = serde_json::to_value(self.sharding).unwrap_or_default();
+        if self.sharding == Sharding::Full {
             return err(
                 "sharding",
-                &value.as_str().unwrap_or_default(),
-                "the trainer shards nothing yet: use none (kart plan sizes the other modes)",
+                &"full",
+                "the trainer shards optimizer states and gradients, not yet parameters: use optimizer or gradients (kart plan sizes full)",
             );
         }
         if self.reference.offload {
