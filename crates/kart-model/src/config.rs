@@ -85,6 +85,20 @@ pub enum RopeScaling {
     },
 }
 
+/// The model of kart's benchmarks (`kart bench model`, `kart bench train`) and memory tests: a
+/// Qwen2 of 46.5M parameters.
+pub const BENCHMARK_SIZES: QwenSizes = QwenSizes {
+    vocab_size: 32_000,
+    hidden_size: 512,
+    intermediate_size: 1536,
+    num_hidden_layers: 10,
+    num_attention_heads: 8,
+    num_key_value_heads: 2,
+    max_position_embeddings: 1024,
+    tie_word_embeddings: true,
+    initializer_range: 0.02,
+};
+
 /// The sizes of a fresh Qwen2-shaped model, for [`ModelConfig::qwen2`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QwenSizes {

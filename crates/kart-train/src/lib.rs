@@ -12,6 +12,7 @@
 //! - [`pool`]: where trajectories come from (in process or rollout workers), or [`replay`]: a
 //!   recording of them;
 //! - [`weights`]: how new weights reach the engines;
+//! - [`plan`]: the per-GPU memory of a run, estimated before anything is loaded (`kart plan`);
 //! - [`checkpoint`], [`eval`], [`record`], [`metrics`], [`dump`], [`server`]: the run's outputs,
 //!   and
 //!   [`progress`]: progress bars on a terminal;
@@ -28,6 +29,7 @@ pub mod follower;
 pub mod losses;
 pub mod metrics;
 pub mod optim;
+pub mod plan;
 pub mod pool;
 pub mod progress;
 pub mod record;

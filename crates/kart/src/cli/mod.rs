@@ -7,6 +7,7 @@ mod doctor;
 mod launch;
 mod local;
 mod logging;
+mod plan;
 mod plot;
 mod retriever;
 mod rollout;
@@ -31,6 +32,7 @@ enum Command {
     Conformance(conformance::Args),
     Doctor(doctor::DoctorArgs),
     Local(local::LocalArgs),
+    Plan(plan::Args),
     Plot(plot::Args),
     #[command(subcommand)]
     Retriever(retriever::Command),
@@ -49,6 +51,7 @@ pub fn run() -> ExitCode {
         Command::Conformance(args) => conformance::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Local(args) => local::run(args),
+        Command::Plan(args) => plan::run(args),
         Command::Plot(args) => plot::run(args),
         Command::Retriever(command) => retriever::run(command),
         Command::Rollout(command) => rollout::run(command),

@@ -23,6 +23,7 @@ use super::anchor::{Anchor, AnchorArgs, Row, check_python, median, take_turns};
 use anyhow::Context;
 use kart_core::generation::GenerationRequest;
 use kart_core::generation::SamplingParams;
+use kart_model::config::BENCHMARK_SIZES;
 use kart_model::logprobs::{DEFAULT_CHUNK, token_logprobs};
 use kart_model::{CausalLm, ModelConfig, QwenSizes, generate, save_pretrained};
 use kart_tokenizer::CHATML;
@@ -56,19 +57,6 @@ pub struct Args {
     anchor: AnchorArgs,
 }
 
-/// The benchmark's model: 46.5M parameters, Qwen2-shaped.
-pub(super) const FULL_SIZES: QwenSizes = QwenSizes {
-    vocab_size: 32_000,
-    hidden_size: 512,
-    intermediate_size: 1536,
-    num_hidden_layers: 10,
-    num_attention_heads: 8,
-    num_key_value_heads: 2,
-    max_position_embeddings: 1024,
-    tie_word_embeddings: true,
-    initializer_range: 0.02,
-};
-
 /// The model and the work measured on it.
 #[derive(Debug, Clone, Copy)]
 struct Workload {
@@ -85,7 +73,7 @@ struct Workload {
 impl Workload {
     /// The benchmark: 46.5M parameters, 128 tokens at batch 1 and 32, a 16 x 512 training batch.
     const FULL: Workload = Workload {
-        sizes: FULL_SIZES,
+        sizes: BENCHMARK_SIZES,
         prompt_tokens: 16,
         new_tokens: 128,
         warmup_tokens: 8,
@@ -272,7 +260,7 @@ pub(super) fn random_model(
 
 /// Parameters of a model (a tied head counted once).
 pub(super) fn parameter_count(model: &CausalLm) -> i64 {
-    model.named_tensors().iter().map(|(_, t)| t.numel() as i64).sum()
+    kart_model::transformer::parameter_count(model.config(), "") as i64
 }
 
 /// A small byte-level BPE trained on generated English-like text: the saved folder gets a

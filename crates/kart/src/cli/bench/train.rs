@@ -19,12 +19,13 @@
 //! entropy and last KL to the reference as the check that they computed the same.
 
 use super::anchor::{AnchorArgs, Row, check_python};
-use super::model::{FULL_SIZES, parameter_count, random_model};
+use super::model::{parameter_count, random_model};
 use crate::cli::launch::{self, NprocPerNode};
 use anyhow::{Context, bail};
 use kart_core::agent::trajectory::Trajectory;
 use kart_core::config::train::{BatchConfig, Device, OptimConfig, TrainConfig};
 use kart_model::QwenSizes;
+use kart_model::config::BENCHMARK_SIZES;
 use kart_torch::Ranks;
 use kart_train::batch::Sample;
 use kart_train::record::{Key, keys};
@@ -90,7 +91,7 @@ struct Workload {
 impl Workload {
     /// 8 trajectories (2 prompts x 4) of 128 prompt and 384 response tokens.
     const FULL: Workload = Workload {
-        sizes: FULL_SIZES,
+        sizes: BENCHMARK_SIZES,
         tokenizer_vocab: 2048,
         groups: 2,
         group_size: 4,
