@@ -138,3 +138,50 @@ fn quick_rollout_bench_reports_each_level() {
         assert!(row[7].parse::<f64>().unwrap() > 0.0, "{row:?}");
     }
 }
+
+/// `kart bench train --memory`: kart alone in each memory setting, every rank's peak measured
+/// (no anchor environment needed), with the ratios against the f32 row.
+#[test]
+fn quick_memory_bench_measures_every_setting() {
+    let json = std::env::temp_dir().join(format!("kart-bench-memory-{}.json", std::process::id()));
+    let output = Command::new(binary("kart"))
+        .args(["bench", "train", "--memory", "--quick", "--steps", "1", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let settings: Vec<(String, bool, String, u64)> = rows
+        .iter()
+        .map(|r| {
+            let s = &r["setup"];
+            let name = |k: &str| s[k].as_str().unwrap().to_owned();
+            (
+                name("precision"),
+                s["activation_checkpointing"].as_bool().unwrap(),
+                name("sharding"),
+                s["ranks"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        settings,
+        [
+            ("f32".into(), false, "none".into(), 1),
+            ("f32".into(), true, "none".into(), 1),
+            ("f32".into(), true, "gradients".into(), 2),
+            ("bf16".into(), true, "none".into(), 1),
+            ("bf16".into(), true, "gradients".into(), 2),
+        ]
+    );
+    for row in &rows {
+        assert!(
+            row["peak_bytes_per_rank"].as_u64().unwrap() > 0 && row["seconds"].as_f64().unwrap() > 0.0,
+            "{row}"
+        );
+        assert!(row["kl"].as_f64().unwrap().is_finite(), "{row}");
+    }
+    assert_eq!(rows[0]["memory_ratio"].as_f64(), Some(1.0));
+}

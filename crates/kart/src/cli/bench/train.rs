@@ -17,12 +17,17 @@
 //! torch 1, kart 1), timing a warm-up step and then `--steps` steps, each from a barrier to the
 //! end of the optimiser step; the mean of the timed steps is reported, with each side's first
 //! entropy and last KL to the reference as the check that they computed the same.
+//!
+//! With `--memory` kart runs alone, in several memory settings on the same batch, each rank
+//! reporting its peak resident memory over the steps above what it held before loading the
+//! models; the first setting (f32, every rank holding everything) is the anchor of the ratios.
 
 use super::anchor::{AnchorArgs, Row, check_python};
 use super::model::{parameter_count, random_model};
 use crate::cli::launch::{self, NprocPerNode};
 use anyhow::{Context, bail};
 use kart_core::agent::trajectory::Trajectory;
+use kart_core::config::memory::{Precision, Sharding};
 use kart_core::config::train::{BatchConfig, Device, OptimConfig, TrainConfig};
 use kart_model::QwenSizes;
 use kart_model::config::BENCHMARK_SIZES;
@@ -46,6 +51,8 @@ const BATCH: &str = "batch.json";
 const MODEL: &str = "model";
 const KART_OUT: &str = "kart.json";
 const TORCH_OUT: &str = "torch.json";
+/// The memory settings kart's ranks train with (`--memory`).
+const SETUP: &str = "setup.json";
 
 /// Benchmark a GRPO training step against PyTorch on a random ~50M-parameter Qwen2 model.
 #[derive(Debug, clap::Args)]
@@ -63,6 +70,15 @@ pub struct Args {
     /// Peak dense f32 TFLOP/s of one rank's device, for the model FLOPs utilisation (MFU).
     #[arg(long)]
     peak_tflops: Option<f64>,
+    /// Instead of the comparison with PyTorch: kart's step time and peak memory per rank in f32
+    /// unsharded (the anchor), with activation checkpointing, with ZeRO-2 sharding over
+    /// `--ranks` (at least 2) ranks besides, and the last two in bf16.
+    #[arg(long)]
+    memory: bool,
+    /// With --memory: leave out the bf16 rows (a CPU without AVX-512 emulates bf16 arithmetic,
+    /// and a step of the full workload takes many minutes).
+    #[arg(long, requires = "memory")]
+    skip_bf16: bool,
     /// One rank of kart's side, in the folder the benchmark prepared (started by the benchmark).
     #[arg(long, hide = true)]
     worker: Option<PathBuf>,
@@ -118,6 +134,16 @@ impl Workload {
         prompt_tokens: 8,
         response_tokens: 24,
     };
+
+    /// Writes the random model and the global batch of `seed` into `dir`; returns the model's
+    /// parameter count and the batch.
+    fn prepare(&self, dir: &Path, seed: u64) -> anyhow::Result<(i64, Batch)> {
+        let (policy, _) = random_model(&dir.join(MODEL), self.sizes, self.tokenizer_vocab, seed)?;
+        let parameters = parameter_count(&policy);
+        let batch = self.batch(seed);
+        std::fs::write(dir.join(BATCH), serde_json::to_vec(&batch)?)?;
+        Ok((parameters, batch))
+    }
 
     /// A random global batch of this shape.
     fn batch(&self, seed: u64) -> Batch {
@@ -198,6 +224,10 @@ struct Stepped {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Run {
     threads: i64,
+    /// Each rank's peak resident memory over the steps, above what the process held before it
+    /// loaded the models (bytes).
+    #[serde(default)]
+    peak_bytes: Vec<u64>,
     #[serde(default)]
     torch: String,
     #[serde(default)]
@@ -243,17 +273,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let w = if args.anchor.quick { Workload::QUICK } else { Workload::FULL };
     let ranks = usize::from(args.ranks);
+    if args.memory {
+        return memory(&args, &w, steps);
+    }
     if args.device == Device::Cuda && tch::Cuda::device_count() < i64::from(args.ranks) {
         bail!("--device cuda --ranks {ranks}: {} CUDA devices are visible", tch::Cuda::device_count());
     }
     let python = args.anchor.python();
     check_python(&python, "torch, transformers")?;
     let work = tempfile::tempdir().context("creating a temporary folder")?;
-    let (policy, _) = random_model(&work.path().join(MODEL), w.sizes, w.tokenizer_vocab, args.anchor.seed)?;
-    let parameters = parameter_count(&policy);
-    drop(policy);
-    let batch = w.batch(args.anchor.seed);
-    std::fs::write(work.path().join(BATCH), serde_json::to_vec(&batch)?)?;
+    let (parameters, batch) = w.prepare(work.path(), args.anchor.seed)?;
     std::fs::write(work.path().join("train_anchor.py"), ANCHOR)?;
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let threads = (cores / ranks).max(1);
@@ -409,8 +438,12 @@ fn read(path: &Path) -> anyhow::Result<Run> {
 /// One rank of kart's side: the trainer's learner on the prepared model, its share of every step.
 fn worker(dir: &Path, steps: usize, device: Device) -> anyhow::Result<()> {
     let ranks = Ranks::from_env()?;
+    let baseline = peak::start()?;
     let batch: Batch = serde_json::from_slice(&std::fs::read(dir.join(BATCH))?)?;
-    let config = batch.config(dir.join(MODEL), device);
+    let mut config = batch.config(dir.join(MODEL), device);
+    if let Ok(setup) = std::fs::read(dir.join(SETUP)) {
+        serde_json::from_slice::<Setup>(&setup)?.apply(&mut config);
+    }
     let mut learner = learner(&config, None, &ranks)?;
     let samples = batch.samples()?;
     let mut stepped = Vec::with_capacity(steps + 1);
@@ -425,9 +458,15 @@ fn worker(dir: &Path, steps: usize, device: Device) -> anyhow::Result<()> {
         let get = |key: &Key| record.get(key).unwrap_or(f64::NAN);
         stepped.push(Stepped { seconds, entropy: get(&keys::ACTOR_ENTROPY), kl: get(&keys::ACTOR_KL) });
     }
+    let mut peaks = vec![0f64; ranks.world_size];
+    peaks[ranks.rank] = peak::above(baseline)? as f64;
+    if let Some(parallel) = &learner.parallel {
+        parallel.sum(&mut peaks)?;
+    }
     if ranks.is_leader() {
         let run = Run {
             threads: i64::from(tch::get_num_threads()),
+            peak_bytes: peaks.into_iter().map(|p| p as u64).collect(),
             torch: String::new(),
             transformers: String::new(),
             steps: stepped,
@@ -435,4 +474,135 @@ fn worker(dir: &Path, steps: usize, device: Device) -> anyhow::Result<()> {
         std::fs::write(dir.join(KART_OUT), serde_json::to_vec(&run)?)?;
     }
     Ok(())
+}
+
+/// Memory settings of one `--memory` run.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Setup {
+    precision: Precision,
+    activation_checkpointing: bool,
+    sharding: Sharding,
+    ranks: usize,
+}
+
+impl Setup {
+    fn apply(&self, config: &mut TrainConfig) {
+        config.precision = Some(self.precision);
+        config.activation_checkpointing = self.activation_checkpointing;
+        config.sharding = self.sharding;
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = vec![format!("{:?}", self.precision).to_lowercase()];
+        if self.activation_checkpointing {
+            parts.push("checkpointing".into());
+        }
+        if self.sharding != Sharding::None {
+            parts.push(format!("{:?} sharding", self.sharding).to_lowercase());
+        }
+        format!("{}, {} rank(s)", parts.join(" + "), self.ranks)
+    }
+}
+
+/// A `--memory` run's figures.
+#[derive(Debug, Serialize)]
+struct MemoryRow {
+    setup: Setup,
+    seconds: f64,
+    peak_bytes_per_rank: u64,
+    /// Against the first (f32, unsharded) row.
+    memory_ratio: f64,
+    time_ratio: f64,
+    kl: f64,
+}
+
+/// `--memory`: kart alone, f32 unsharded (the anchor) against activation checkpointing, against
+/// checkpointing with ZeRO-2 sharding over the ranks, and the last two in bf16, on the same batch.
+fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
+    let ranks = usize::from(args.ranks).max(2);
+    let work = tempfile::tempdir().context("creating a temporary folder")?;
+    let (parameters, _) = w.prepare(work.path(), args.anchor.seed)?;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let setup = |precision, activation_checkpointing, sharding, ranks| Setup {
+        precision,
+        activation_checkpointing,
+        sharding,
+        ranks,
+    };
+    let mut setups = vec![
+        setup(Precision::F32, false, Sharding::None, 1),
+        setup(Precision::F32, true, Sharding::None, 1),
+        setup(Precision::F32, true, Sharding::Gradients, ranks),
+    ];
+    if !args.skip_bf16 {
+        setups.push(setup(Precision::Bf16, true, Sharding::None, 1));
+        setups.push(setup(Precision::Bf16, true, Sharding::Gradients, ranks));
+    }
+    let mut rows: Vec<MemoryRow> = Vec::new();
+    for setup in setups {
+        std::fs::write(work.path().join(SETUP), serde_json::to_vec(&setup)?)?;
+        let threads = (cores / setup.ranks).max(1);
+        let sides = Sides { dir: work.path(), python: Path::new(""), steps, device: args.device, threads };
+        let run = sides.kart(setup.ranks)?;
+        let peak = run.peak_bytes.iter().copied().max().unwrap_or(0);
+        let (seconds, kl) = (run.seconds(), run.steps.last().map_or(f64::NAN, |s| s.kl));
+        let (memory_ratio, time_ratio) = match rows.first() {
+            Some(first) => (peak as f64 / first.peak_bytes_per_rank as f64, seconds / first.seconds),
+            None => (1.0, 1.0),
+        };
+        rows.push(MemoryRow { setup, seconds, peak_bytes_per_rank: peak, memory_ratio, time_ratio, kl });
+    }
+    println!(
+        "model: Qwen2, {:.1}M parameters on {:?}; batch {} x {} tokens, one micro-batch; GRPO with a KL reference",
+        parameters as f64 / 1e6,
+        args.device,
+        w.groups * w.group_size,
+        w.prompt_tokens + w.response_tokens,
+    );
+    println!("{:<52} {:>9} {:>15} {:>8} {:>8}", "setup", "step (s)", "peak MiB/rank", "memory", "time");
+    for r in &rows {
+        println!(
+            "{:<52} {:>9.2} {:>15.0} {:>7.2}x {:>7.2}x",
+            r.setup.describe(),
+            r.seconds,
+            r.peak_bytes_per_rank as f64 / f64::from(1 << 20),
+            r.memory_ratio,
+            r.time_ratio
+        );
+    }
+    let last = rows.last().map_or(f64::NAN, |r| r.memory_ratio);
+    println!(
+        "target: the last at most 1/3 of the first's memory per rank: {}",
+        if last <= 1.0 / 3.0 { "met" } else { "missed" }
+    );
+    if let Some(path) = &args.anchor.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A process's peak resident memory (Linux `/proc/self/status`).
+mod peak {
+    /// The bytes of `field` (`VmRSS:`, `VmHWM:`) in `/proc/self/status`.
+    fn status_bytes(field: &str) -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string("/proc/self/status")?;
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .ok_or_else(|| anyhow::anyhow!("/proc/self/status has no {field}"))?;
+        Ok(kib * 1024)
+    }
+
+    /// Resets the peak (`VmHWM`) to the current resident memory, which it returns.
+    pub(super) fn start() -> anyhow::Result<u64> {
+        std::fs::write("/proc/self/clear_refs", "5")?;
+        status_bytes("VmRSS:")
+    }
+
+    /// The peak since [`start`], above `baseline`.
+    pub(super) fn above(baseline: u64) -> anyhow::Result<u64> {
+        Ok(status_bytes("VmHWM:")?.saturating_sub(baseline))
+    }
 }
