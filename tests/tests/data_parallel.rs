@@ -126,6 +126,26 @@ fn ranks_replaying_a_recording_end_with_the_policy_of_one() {
             assert!((la - lb).abs() <= 1e-5 * (1.0 + lb.abs()), "pg_loss {la} vs {lb}");
         }
     }
+
+    // ZeRO-2 over 2 ranks as separate processes: the same policy, and the last step's checkpoint
+    // (written by rank 0 while every rank gathers its slices) holds AdamW's whole state.
+    let out = dir.join("ranks-2-zero2");
+    let mut sharded = replay.clone();
+    merge(&mut sharded, json!({"sharding": "gradients"}));
+    train(&config(&dir, &out, sharded), Some(2));
+    let difference = max_abs_difference(&reference, &parameters(&out));
+    assert!(difference <= 1e-5, "ZeRO-2 on 2 ranks: {difference}");
+    let checkpoint = out.join(format!("checkpoints/step-{STEPS:08}"));
+    let state = Tensor::read_safetensors(checkpoint.join("optimizer.safetensors")).unwrap();
+    let unsharded =
+        Tensor::read_safetensors(one.join(format!("checkpoints/step-{STEPS:08}/optimizer.safetensors")))
+            .unwrap();
+    assert_eq!(state.len(), unsharded.len(), "a moment of every parameter");
+    for (name, tensor) in &unsharded {
+        let (_, sharded) = state.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} missing"));
+        let difference = (tensor - sharded).abs().max().double_value(&[]);
+        assert!(difference <= 1e-5, "{name}: {difference}");
+    }
 }
 
 /// The pid of the child of `parent` whose environment has `RANK=rank`.
