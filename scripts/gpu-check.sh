@@ -8,6 +8,9 @@
 #      GPUs on all of them over NCCL, each against the same steps in PyTorch (DDP under torchrun).
 #   3. `kart bench train --device cuda`: the 46.5M-parameter step on one GPU against PyTorch, with
 #      tokens/s and model FLOPs utilisation (MFU).
+#   4. With 2 GPUs or more, `kart bench train --memory --device cuda`: step time and peak memory
+#      per GPU (the caching allocator's) in f32, with activation checkpointing, with ZeRO-2 over
+#      all GPUs, and the last two in bf16.
 #
 # PEAK_TFLOPS sets the card's dense f32 peak for MFU (guessed for H100, H200, A100 and L40S).
 set -euo pipefail
@@ -42,3 +45,8 @@ echo "== 3 GRPO steps of a fixture-shaped model on 1 GPU$ALL"
 
 echo "== kart bench train --device cuda"
 "$KART" bench train --device cuda "${PEAK[@]}"
+
+if [ "$GPUS" -gt 1 ]; then
+  echo "== kart bench train --memory --device cuda --ranks $GPUS"
+  "$KART" bench train --memory --device cuda --ranks "$GPUS"
+fi

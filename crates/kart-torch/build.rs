@@ -40,7 +40,10 @@ fn main() {
     build.compile("kart_torch");
     println!("cargo:rustc-link-search=native={}", lib.display());
     if cuda.is_some() {
-        println!("cargo:rustc-link-lib=torch_cuda");
+        // libc10_cuda holds the CUDA caching allocator whose statistics the shim reads.
+        for l in ["torch_cuda", "c10_cuda"] {
+            println!("cargo:rustc-link-lib={l}");
+        }
     }
     for l in ["torch_cpu", "c10"] {
         println!("cargo:rustc-link-lib={l}");

@@ -22,6 +22,7 @@ const char* kart_torch_version(void);
 bool kart_torch_cuda_hooks_registered(void);
 int kart_torch_cuda_device_count(void);
 char* kart_torch_cuda_device(int index, char** name, uint64_t* total_memory);
+char* kart_torch_cuda_peak_memory(int index, bool reset, uint64_t* peak);
 char* kart_torch_nccl_version(char** version);
 char* kart_torch_gloo_device(void);
 void kart_torch_free_string(char* s);

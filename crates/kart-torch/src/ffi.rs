@@ -26,6 +26,7 @@ unsafe extern "C" {
         name: *mut *mut c_char,
         total_memory: *mut u64,
     ) -> *mut c_char;
+    pub fn kart_torch_cuda_peak_memory(index: c_int, reset: bool, peak: *mut u64) -> *mut c_char;
     pub fn kart_torch_nccl_version(version: *mut *mut c_char) -> *mut c_char;
     pub fn kart_torch_gloo_device() -> *mut c_char;
 

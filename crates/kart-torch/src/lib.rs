@@ -5,6 +5,7 @@
 //! - [`device`]: the device a component runs on, chosen from its config and logged.
 //! - [`ranks`]: this process's place in a distributed run, from torchrun's variables.
 //! - [`grad`]: dropping a tensor's gradient, which tch can only zero;
+//! - [`memory`]: the peak memory of a CUDA device's tensors;
 //! - [`group`]: c10d process groups over a `TCPStore` rendezvous, and the collectives training
 //!   needs (all-reduce, broadcast, all-gather, reduce-scatter, barrier), with timeouts.
 //!
@@ -15,6 +16,7 @@ pub mod device;
 mod ffi;
 pub mod grad;
 pub mod group;
+pub mod memory;
 pub mod ranks;
 pub mod runtime;
 

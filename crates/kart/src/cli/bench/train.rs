@@ -224,8 +224,9 @@ struct Stepped {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Run {
     threads: i64,
-    /// Each rank's peak resident memory over the steps, above what the process held before it
-    /// loaded the models (bytes).
+    /// Each rank's peak memory over the steps (bytes): on the CPU the resident memory above what
+    /// the process held before it loaded the models, on a GPU the tensors the caching allocator
+    /// held (the models included).
     #[serde(default)]
     peak_bytes: Vec<u64>,
     #[serde(default)]
@@ -438,13 +439,17 @@ fn read(path: &Path) -> anyhow::Result<Run> {
 /// One rank of kart's side: the trainer's learner on the prepared model, its share of every step.
 fn worker(dir: &Path, steps: usize, device: Device) -> anyhow::Result<()> {
     let ranks = Ranks::from_env()?;
-    let baseline = peak::start()?;
+    let host = peak::Meter::host()?;
     let batch: Batch = serde_json::from_slice(&std::fs::read(dir.join(BATCH))?)?;
     let mut config = batch.config(dir.join(MODEL), device);
     if let Ok(setup) = std::fs::read(dir.join(SETUP)) {
         serde_json::from_slice::<Setup>(&setup)?.apply(&mut config);
     }
     let mut learner = learner(&config, None, &ranks)?;
+    let meter = match device {
+        Device::Cuda => peak::Meter::cuda(ranks.local_rank)?,
+        _ => host,
+    };
     let samples = batch.samples()?;
     let mut stepped = Vec::with_capacity(steps + 1);
     for _ in 0..=steps {
@@ -459,7 +464,7 @@ fn worker(dir: &Path, steps: usize, device: Device) -> anyhow::Result<()> {
         stepped.push(Stepped { seconds, entropy: get(&keys::ACTOR_ENTROPY), kl: get(&keys::ACTOR_KL) });
     }
     let mut peaks = vec![0f64; ranks.world_size];
-    peaks[ranks.rank] = peak::above(baseline)? as f64;
+    peaks[ranks.rank] = meter.peak()? as f64;
     if let Some(parallel) = &learner.parallel {
         parallel.sum(&mut peaks)?;
     }
@@ -520,6 +525,9 @@ struct MemoryRow {
 /// checkpointing with ZeRO-2 sharding over the ranks, and the last two in bf16, on the same batch.
 fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
     let ranks = usize::from(args.ranks).max(2);
+    if args.device == Device::Cuda && tch::Cuda::device_count() < ranks as i64 {
+        bail!("--memory --device cuda shards over {ranks} GPUs; {} are visible", tch::Cuda::device_count());
+    }
     let work = tempfile::tempdir().context("creating a temporary folder")?;
     let (parameters, _) = w.prepare(work.path(), args.anchor.seed)?;
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
@@ -582,8 +590,41 @@ fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A process's peak resident memory (Linux `/proc/self/status`).
+/// The peak memory of a step: the process's resident memory on the CPU (Linux
+/// `/proc/self/status`), the caching allocator's tensors on a GPU.
 mod peak {
+    /// Where the peak is read.
+    pub(super) enum Meter {
+        /// `VmHWM` above the resident memory at the start (`VmRSS`, `baseline`).
+        Host { baseline: u64 },
+        /// The CUDA caching allocator's peak of device `index`.
+        Cuda { index: usize },
+    }
+
+    impl Meter {
+        /// Resets the process's peak to its resident memory now, the baseline.
+        pub(super) fn host() -> anyhow::Result<Meter> {
+            std::fs::write("/proc/self/clear_refs", "5")?;
+            Ok(Meter::Host { baseline: status_bytes("VmRSS:")? })
+        }
+
+        /// Resets the peak of CUDA device `index` to what its tensors hold now (the models).
+        pub(super) fn cuda(index: usize) -> anyhow::Result<Meter> {
+            kart_torch::memory::cuda_peak(index, true).map_err(anyhow::Error::msg)?;
+            Ok(Meter::Cuda { index })
+        }
+
+        /// The peak since the meter started, in bytes.
+        pub(super) fn peak(&self) -> anyhow::Result<u64> {
+            match self {
+                Meter::Host { baseline } => Ok(status_bytes("VmHWM:")?.saturating_sub(*baseline)),
+                Meter::Cuda { index } => {
+                    kart_torch::memory::cuda_peak(*index, false).map_err(anyhow::Error::msg)
+                }
+            }
+        }
+    }
+
     /// The bytes of `field` (`VmRSS:`, `VmHWM:`) in `/proc/self/status`.
     fn status_bytes(field: &str) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string("/proc/self/status")?;
@@ -593,16 +634,5 @@ mod peak {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .ok_or_else(|| anyhow::anyhow!("/proc/self/status has no {field}"))?;
         Ok(kib * 1024)
-    }
-
-    /// Resets the peak (`VmHWM`) to the current resident memory, which it returns.
-    pub(super) fn start() -> anyhow::Result<u64> {
-        std::fs::write("/proc/self/clear_refs", "5")?;
-        status_bytes("VmRSS:")
-    }
-
-    /// The peak since [`start`], above `baseline`.
-    pub(super) fn above(baseline: u64) -> anyhow::Result<u64> {
-        Ok(status_bytes("VmHWM:")?.saturating_sub(baseline))
     }
 }
