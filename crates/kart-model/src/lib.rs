@@ -6,6 +6,7 @@
 //! - [`transformer`]: the decoder ([`CausalLm`]), loaded or randomly initialised, with a
 //!   [`KvCache`] for generation, over padded rows or packed sequences ([`Layout`]);
 //! - [`recompute`]: activation checkpointing, decoder layers recomputed in the backward pass;
+//!   layers of a frozen model may live in CPU memory instead ([`CausalLm::offload_layers`]);
 //! - [`logprobs`]: per-token log-probabilities and entropies without full-batch logits;
 //! - [`save`]: writing a folder transformers, vLLM and SGLang load;
 //! - [`sampling`], [`scheduler`]: seeded per-request sampling and continuous batching;
@@ -17,6 +18,7 @@ pub mod embedded;
 pub mod error;
 pub mod kv_cache;
 pub mod logprobs;
+mod offload;
 pub mod recompute;
 pub mod rope;
 pub mod sampling;

@@ -68,9 +68,9 @@ impl CausalLm {
         let rot = self.rotary(positions);
         let (inputs, last) = tch::no_grad(|| {
             let mut h = self.embed(input_ids);
-            let mut inputs = Vec::with_capacity(self.layers().len());
-            for layer in self.layers() {
-                let next = layer.forward(&h, &rot, attend.attend(), None);
+            let mut inputs = Vec::with_capacity(self.num_layers());
+            for i in 0..self.num_layers() {
+                let next = self.run_layer(i, &h, &rot, attend.attend(), None);
                 inputs.push(h);
                 h = next;
             }
@@ -98,9 +98,9 @@ impl Recomputed<'_> {
         }
         let model = self.model;
         tch::with_grad(|| {
-            for (layer, input) in model.layers().iter().zip(&self.inputs).rev() {
+            for (i, input) in self.inputs.iter().enumerate().rev() {
                 let x = input.detach().set_requires_grad(true);
-                let y = layer.forward(&x, &self.rot, self.attend.attend(), None);
+                let y = model.run_layer(i, &x, &self.rot, self.attend.attend(), None);
                 vector_jacobian(&y, &grad);
                 grad = x.grad();
             }

@@ -19,6 +19,7 @@ use tch::{Device, Kind, Tensor};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
+use crate::offload::Offload;
 use crate::rope::{self, RotaryEmbedding};
 use crate::weights::Weights;
 
@@ -304,6 +305,8 @@ pub struct CausalLm {
     /// `None` when the head is tied to the embeddings.
     lm_head: Option<Tensor>,
     rope: RotaryEmbedding,
+    /// The decoder layers' weights in CPU memory, when offloaded.
+    offload: Option<Offload>,
 }
 
 impl CausalLm {
@@ -377,7 +380,7 @@ impl CausalLm {
             false => Some(param(&p, w, "lm_head.weight", &[vocab, hidden])?),
         };
         let rope = RotaryEmbedding::new(config.head_dim, config.rope.theta, &config.rope.scaling, device);
-        Ok(CausalLm { config, vs, embed_tokens, layers, norm, lm_head, rope })
+        Ok(CausalLm { config, vs, embed_tokens, layers, norm, lm_head, rope, offload: None })
     }
 
     /// The model's configuration.
@@ -456,8 +459,9 @@ impl CausalLm {
         };
         let rot = self.rope.cos_sin(positions);
         let mut h = self.embed(input_ids);
-        for (i, layer) in self.layers.iter().enumerate() {
-            h = layer.forward(
+        for i in 0..self.layers.len() {
+            h = self.run_layer(
+                i,
                 &h,
                 &rot,
                 Attend::from_mask(mask.as_ref()),
@@ -475,8 +479,8 @@ impl CausalLm {
             Layout::Packed { lengths } => {
                 let rot = self.rope.cos_sin(positions);
                 let mut h = self.embed(input_ids);
-                for layer in &self.layers {
-                    h = layer.forward(&h, &rot, Attend::Segments(lengths), None);
+                for i in 0..self.layers.len() {
+                    h = self.run_layer(i, &h, &rot, Attend::Segments(lengths), None);
                 }
                 self.norm.forward(&h)
             }
@@ -488,9 +492,34 @@ impl CausalLm {
         Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false)
     }
 
-    /// The decoder layers.
-    pub(crate) fn layers(&self) -> &[DecoderLayer] {
-        &self.layers
+    /// Decoder layers.
+    pub(crate) fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Decoder layer `i` on `h`, its weights brought to the device first when offloaded.
+    pub(crate) fn run_layer(
+        &self,
+        i: usize,
+        h: &Tensor,
+        rot: &(Tensor, Tensor),
+        attend: Attend<'_>,
+        cache: Option<(&mut KvCache, usize)>,
+    ) -> Tensor {
+        let Some(offload) = &self.offload else { return self.layers[i].forward(h, rot, attend, cache) };
+        offload.fetch(i);
+        let out = self.layers[i].forward(h, rot, attend, cache);
+        offload.release(i);
+        out
+    }
+
+    /// Keeps the decoder layers' weights in CPU memory from now on, each layer's copied to the
+    /// device only while it runs: for frozen models in passes without gradients (the reference
+    /// policy).
+    pub fn offload_layers(&mut self) {
+        if self.offload.is_none() {
+            self.offload = Some(Offload::new(self));
+        }
     }
 
     /// The final norm.

@@ -110,6 +110,9 @@ impl Learner {
             Some(_) => {
                 let mut r = CausalLm::load_as(&config.model, device, kind)?;
                 r.var_store_mut().freeze();
+                if config.reference.offload {
+                    r.offload_layers();
+                }
                 Some(r)
             }
             None => None,
@@ -758,6 +761,45 @@ mod tests {
             .zip(b)
             .map(|((name, x), (_, y))| ((x - y).abs().max().double_value(&[]), name.clone()))
             .fold((0.0, String::new()), |m, d| if d.0 > m.0 { d } else { m })
+    }
+
+    /// A reference kept in CPU memory layer by layer (`reference.offload`) gives the step the
+    /// resident one gives, bit for bit.
+    #[test]
+    fn an_offloaded_reference_changes_nothing() {
+        let config = config(AdvantageEstimator::Grpo);
+        let run = |offload: bool| {
+            let mut learner = learner(false);
+            if offload {
+                learner.reference.as_mut().unwrap().offload_layers();
+            }
+            let records: Vec<StepRecord> =
+                (0..2).map(|step| learner.step(&mut samples(30), &config, step).unwrap()).collect();
+            (records, parameters(&learner))
+        };
+        let ((resident, a), (offloaded, b)) = (run(false), run(true));
+        // The config key reaches the loaded reference: no decoder weights left on the device.
+        let loaded = TrainConfig {
+            model: kart_testing::model("tiny-qwen2"),
+            reference: kart_core::config::memory::ReferenceConfig { offload: true },
+            ..config.clone()
+        };
+        let learner = Learner::load(&loaded, None, Device::Cpu, None).unwrap();
+        let on_device: i64 = learner
+            .reference
+            .as_ref()
+            .unwrap()
+            .named_tensors()
+            .iter()
+            .filter(|(n, _)| n.starts_with("model.layers."))
+            .map(|(_, t)| t.numel() as i64)
+            .sum();
+        assert_eq!(on_device, 0);
+        assert!(resident[1].get(&keys::ACTOR_KL).unwrap() > 0.0, "the KL to the reference is in play");
+        for (x, y) in resident.iter().zip(&offloaded) {
+            assert_eq!(x.get(&keys::ACTOR_KL), y.get(&keys::ACTOR_KL));
+        }
+        assert_eq!(max_abs_difference(&a, &b), 0.0);
     }
 
     /// Activation checkpointing recomputes the decoder in the backward pass: the gradients of the

@@ -43,7 +43,7 @@ pub enum Sharding {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReferenceConfig {
-    /// Keep its weights in CPU memory, moving one layer at a time to the device for its forward
-    /// pass.
+    /// Keep its decoder layers' weights in CPU memory (pinned on CUDA), each layer's copied to
+    /// the device only while it runs; it is loaded on the device first, then moved.
     pub offload: bool,
 }

@@ -530,13 +530,6 @@ impl TrainConfig {
                 "the trainer shards optimizer states and gradients, not yet parameters: use optimizer or gradients (kart plan sizes full)",
             );
         }
-        if self.reference.offload {
-            return err(
-                "reference.offload",
-                &true,
-                "the trainer keeps the reference on its device yet: use false",
-            );
-        }
         if b.micro_batch_tokens == Some(0) {
             return err("batch.micro_batch_tokens", &0, "must be at least 1");
         }
