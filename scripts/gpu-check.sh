@@ -8,9 +8,10 @@
 #      GPUs on all of them over NCCL, each against the same steps in PyTorch (DDP under torchrun).
 #   3. `kart bench train --device cuda`: the 46.5M-parameter step on one GPU against PyTorch, with
 #      tokens/s and model FLOPs utilisation (MFU).
-#   4. With 2 GPUs or more, `kart bench train --memory --device cuda`: step time and peak memory
-#      per GPU (the caching allocator's) in f32, with activation checkpointing, with ZeRO-2 over
-#      all GPUs, and the last two in bf16.
+#   4. With 2 GPUs or more, `kart bench train --memory --device cuda`: step time, tokens/s and
+#      peak memory per GPU (the caching allocator's) in f32, with activation checkpointing, with
+#      ZeRO-2 over all GPUs, and the last two in bf16; on the benchmark model and on a
+#      Qwen2.5-0.5B-shaped one.
 #
 # PEAK_TFLOPS sets the card's dense f32 peak for MFU (guessed for H100, H200, A100 and L40S).
 set -euo pipefail
@@ -49,4 +50,6 @@ echo "== kart bench train --device cuda"
 if [ "$GPUS" -gt 1 ]; then
   echo "== kart bench train --memory --device cuda --ranks $GPUS"
   "$KART" bench train --memory --device cuda --ranks "$GPUS"
+  echo "== the same on a Qwen2.5-0.5B-shaped model (random weights, 8 x 1024 tokens)"
+  "$KART" bench train --memory --device cuda --ranks "$GPUS" --shape qwen2.5-0.5b --steps 2
 fi

@@ -182,6 +182,7 @@ fn quick_memory_bench_measures_every_setting() {
             "{row}"
         );
         assert!(row["kl"].as_f64().unwrap().is_finite(), "{row}");
+        assert!(row["tokens_per_second"].as_f64().unwrap() > 0.0, "{row}");
     }
     assert_eq!(rows[0]["memory_ratio"].as_f64(), Some(1.0));
 }

@@ -75,6 +75,10 @@ pub struct Args {
     /// `--ranks` (at least 2) ranks besides, and the last two in bf16.
     #[arg(long)]
     memory: bool,
+    /// The model: `bench` (46.5M parameters) or `qwen2.5-0.5b` (Qwen2.5-0.5B's shape, random
+    /// weights, 8 trajectories of 1024 tokens; for GPUs) [--quick: the fixture's shape].
+    #[arg(long, value_enum, default_value_t = Shape::Bench)]
+    shape: Shape,
     /// With --memory: leave out the bf16 rows (a CPU without AVX-512 emulates bf16 arithmetic,
     /// and a step of the full workload takes many minutes).
     #[arg(long, requires = "memory")]
@@ -84,6 +88,16 @@ pub struct Args {
     worker: Option<PathBuf>,
     #[command(flatten)]
     anchor: AnchorArgs,
+}
+
+/// The model a run trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Shape {
+    /// The benchmark model.
+    Bench,
+    /// Qwen2.5-0.5B's shape.
+    #[value(name = "qwen2.5-0.5b")]
+    Qwen25HalfB,
 }
 
 fn parse_device(s: &str) -> Result<Device, String> {
@@ -115,6 +129,27 @@ impl Workload {
         response_tokens: 384,
     };
 
+    /// Qwen2.5-0.5B's shape (random weights): 8 trajectories (2 prompts x 4) of 256 prompt and
+    /// 768 response tokens.
+    const HALF_B: Workload = Workload {
+        sizes: QwenSizes {
+            vocab_size: 151_936,
+            hidden_size: 896,
+            intermediate_size: 4864,
+            num_hidden_layers: 24,
+            num_attention_heads: 14,
+            num_key_value_heads: 2,
+            max_position_embeddings: 4096,
+            tie_word_embeddings: true,
+            initializer_range: 0.02,
+        },
+        tokenizer_vocab: 2048,
+        groups: 2,
+        group_size: 4,
+        prompt_tokens: 256,
+        response_tokens: 768,
+    };
+
     /// The shape of the fixture model (tiny-qwen2).
     const QUICK: Workload = Workload {
         sizes: QwenSizes {
@@ -143,6 +178,15 @@ impl Workload {
         let batch = self.batch(seed);
         std::fs::write(dir.join(BATCH), serde_json::to_vec(&batch)?)?;
         Ok((parameters, batch))
+    }
+
+    /// The workload of `shape`, or the quick one.
+    fn of(quick: bool, shape: Shape) -> Workload {
+        match (quick, shape) {
+            (true, _) => Workload::QUICK,
+            (false, Shape::Bench) => Workload::FULL,
+            (false, Shape::Qwen25HalfB) => Workload::HALF_B,
+        }
     }
 
     /// A random global batch of this shape.
@@ -272,7 +316,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         worker(dir, steps, args.device)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let w = if args.anchor.quick { Workload::QUICK } else { Workload::FULL };
+    let w = Workload::of(args.anchor.quick, args.shape);
     let ranks = usize::from(args.ranks);
     if args.memory {
         return memory(&args, &w, steps);
@@ -514,6 +558,7 @@ impl Setup {
 struct MemoryRow {
     setup: Setup,
     seconds: f64,
+    tokens_per_second: f64,
     peak_bytes_per_rank: u64,
     /// Against the first (f32, unsharded) row.
     memory_ratio: f64,
@@ -529,7 +574,7 @@ fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
         bail!("--memory --device cuda shards over {ranks} GPUs; {} are visible", tch::Cuda::device_count());
     }
     let work = tempfile::tempdir().context("creating a temporary folder")?;
-    let (parameters, _) = w.prepare(work.path(), args.anchor.seed)?;
+    let (parameters, batch) = w.prepare(work.path(), args.anchor.seed)?;
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let setup = |precision, activation_checkpointing, sharding, ranks| Setup {
         precision,
@@ -558,7 +603,16 @@ fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
             Some(first) => (peak as f64 / first.peak_bytes_per_rank as f64, seconds / first.seconds),
             None => (1.0, 1.0),
         };
-        rows.push(MemoryRow { setup, seconds, peak_bytes_per_rank: peak, memory_ratio, time_ratio, kl });
+        let tokens_per_second = batch.tokens() as f64 / seconds;
+        rows.push(MemoryRow {
+            setup,
+            seconds,
+            tokens_per_second,
+            peak_bytes_per_rank: peak,
+            memory_ratio,
+            time_ratio,
+            kl,
+        });
     }
     println!(
         "model: Qwen2, {:.1}M parameters on {:?}; batch {} x {} tokens, one micro-batch; GRPO with a KL reference",
@@ -567,12 +621,16 @@ fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
         w.groups * w.group_size,
         w.prompt_tokens + w.response_tokens,
     );
-    println!("{:<52} {:>9} {:>15} {:>8} {:>8}", "setup", "step (s)", "peak MiB/rank", "memory", "time");
+    println!(
+        "{:<52} {:>9} {:>9} {:>15} {:>8} {:>8}",
+        "setup", "step (s)", "tokens/s", "peak MiB/rank", "memory", "time"
+    );
     for r in &rows {
         println!(
-            "{:<52} {:>9.2} {:>15.0} {:>7.2}x {:>7.2}x",
+            "{:<52} {:>9.2} {:>9.0} {:>15.0} {:>7.2}x {:>7.2}x",
             r.setup.describe(),
             r.seconds,
+            r.tokens_per_second,
             r.peak_bytes_per_rank as f64 / f64::from(1 << 20),
             r.memory_ratio,
             r.time_ratio
@@ -634,5 +692,22 @@ mod peak {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .ok_or_else(|| anyhow::anyhow!("/proc/self/status has no {field}"))?;
         Ok(kib * 1024)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_have_their_models_sizes() {
+        let parameters = |shape| {
+            let config = kart_model::ModelConfig::qwen2(Workload::of(false, shape).sizes).unwrap();
+            kart_model::transformer::parameter_count(&config, "")
+        };
+        assert_eq!(parameters(Shape::Bench), 46_548_992);
+        // Qwen2.5-0.5B: 494,032,768 parameters (tied embeddings).
+        assert_eq!(parameters(Shape::Qwen25HalfB), 494_032_768);
+        assert_eq!(Workload::of(true, Shape::Qwen25HalfB).sizes, Workload::QUICK.sizes);
     }
 }
