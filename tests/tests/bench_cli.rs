@@ -5,6 +5,10 @@ use kart_tests::{binary, repo_root};
 use serde_json::Value;
 use std::process::Command;
 
+/// Held by the tests that start several ranks: a launcher picks a free loopback port for its
+/// ranks' store and another launcher in the same moment could pick it too, so they take turns.
+static RANKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The venv's Python when it has the anchors' packages.
 fn anchor_python() -> Option<std::path::PathBuf> {
     let python = repo_root().join(".venv/bin/python");
@@ -68,6 +72,7 @@ fn quick_model_bench_reports_every_metric() {
 #[test]
 fn quick_train_bench_on_two_ranks_matches_ddp_and_reports_the_scaling() {
     let Some(python) = anchor_python() else { return };
+    let _turn = RANKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let (stdout, report) = quick_bench(&python, &["train", "--ranks", "2", "--peak-tflops", "1"]);
     assert!(stdout.contains("scaling efficiency") && stdout.contains("MFU kart"), "{stdout}");
     let metrics: Vec<&str> =
@@ -143,6 +148,7 @@ fn quick_rollout_bench_reports_each_level() {
 /// (no anchor environment needed), with the ratios against the f32 row.
 #[test]
 fn quick_memory_bench_measures_every_setting() {
+    let _turn = RANKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let json = std::env::temp_dir().join(format!("kart-bench-memory-{}.json", std::process::id()));
     let output = Command::new(binary("kart"))
         .args(["bench", "train", "--memory", "--quick", "--steps", "1", "--json"])
