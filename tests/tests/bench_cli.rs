@@ -191,4 +191,14 @@ fn quick_memory_bench_measures_every_setting() {
         assert!(row["tokens_per_second"].as_f64().unwrap() > 0.0, "{row}");
     }
     assert_eq!(rows[0]["memory_ratio"].as_f64(), Some(1.0));
+    // --skip-bf16 leaves out the two bf16 rows.
+    let output = Command::new(binary("kart"))
+        .args(["bench", "train", "--memory", "--skip-bf16", "--quick", "--steps", "1", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    assert!(rows.len() == 3 && rows.iter().all(|r| r["setup"]["precision"] == "f32"), "{rows:?}");
 }

@@ -860,6 +860,21 @@ mod tests {
             assert!(learner.policy.named_tensors().iter().all(|(_, t)| t.kind() == kind));
             (records, weights)
         };
+        // The config key reaches a loaded learner: bf16 parameters with f32 master copies.
+        let loaded = TrainConfig {
+            model: kart_testing::model("tiny-qwen2"),
+            precision: Some(Precision::Bf16),
+            ..config.clone()
+        };
+        let bf16 = Learner::load(&loaded, None, Device::Cpu, None).unwrap();
+        assert!(bf16.policy.named_tensors().iter().all(|(_, t)| t.kind() == Kind::BFloat16));
+        let reference = bf16.reference.as_ref().unwrap();
+        assert!(reference.named_tensors().iter().all(|(_, t)| t.kind() == Kind::BFloat16));
+        let (state, _) = bf16.optimizer.state(None).unwrap();
+        let masters: Vec<&Tensor> =
+            state.iter().filter(|(n, _)| n.ends_with(".master")).map(|(_, t)| t).collect();
+        assert_eq!(masters.len(), bf16.policy.named_tensors().len());
+        assert!(masters.iter().all(|t| t.kind() == Kind::Float));
         let (f32_records, f32_weights) = run(Kind::Float);
         let (bf16_records, bf16_weights) = run(Kind::BFloat16);
         assert_eq!(f32_weights.len(), bf16_weights.len(), "a master copy of every bf16 parameter");
