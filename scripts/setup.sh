@@ -33,8 +33,15 @@ fi
 wanted="$(sha256sum "$requirements" | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   echo "setup: installing Python packages from scripts/requirements.txt (PyTorch is ~5 GB the first time)"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -r "$requirements"
+  "$venv/bin/python" -m pip install --quiet --retries 10 --upgrade pip
+  # The wheels are large (CUDA libraries); a dropped connection resumes, and a failed install is
+  # tried again (pip keeps what it already downloaded in its cache).
+  for attempt in 1 2 3; do
+    "$venv/bin/python" -m pip install --quiet --retries 10 --timeout 60 --resume-retries 20 \
+      -r "$requirements" && break
+    [ "$attempt" -lt 3 ] || { echo "setup: pip install failed three times" >&2; exit 1; }
+    echo "setup: pip install failed (attempt $attempt); trying again"
+  done
   echo "$wanted" > "$stamp"
 fi
 
