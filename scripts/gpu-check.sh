@@ -10,8 +10,9 @@
 #      tokens/s and model FLOPs utilisation (MFU).
 #   4. With 2 GPUs or more, `kart bench train --memory --device cuda`: step time, tokens/s and
 #      peak memory per GPU (the caching allocator's) in f32, with activation checkpointing, with
-#      ZeRO-2 over all GPUs, and the last two in bf16; on the benchmark model and on a
-#      Qwen2.5-0.5B-shaped one.
+#      ZeRO-2 or full sharding (FSDP) over all GPUs, then bf16 with checkpointing, unsharded and
+#      fully sharded; on the benchmark model and on a Qwen2.5-0.5B-shaped one (its last row: bf16,
+#      checkpointing and full sharding over all GPUs).
 #
 # PEAK_TFLOPS sets the card's dense f32 peak for MFU (guessed for H100, H200, A100 and L40S).
 set -euo pipefail

@@ -28,7 +28,8 @@ fn main() {
         .define("USE_C10D_GLOO", None)
         .file("shim/runtime.cpp")
         .file("shim/autograd.cpp")
-        .file("shim/c10d.cpp");
+        .file("shim/c10d.cpp")
+        .file("shim/memory.cpp");
     let cuda = lib.join("libtorch_cuda.so").exists().then(|| cuda_headers(torch)).flatten();
     if let Some(dirs) = &cuda {
         build.define("KART_CUDA", None).define("USE_C10D_NCCL", None).includes(dirs);
@@ -48,8 +49,14 @@ fn main() {
     for l in ["torch_cpu", "c10"] {
         println!("cargo:rustc-link-lib={l}");
     }
-    for f in ["shim/kart_torch.h", "shim/error.hpp", "shim/runtime.cpp", "shim/autograd.cpp", "shim/c10d.cpp"]
-    {
+    for f in [
+        "shim/kart_torch.h",
+        "shim/error.hpp",
+        "shim/runtime.cpp",
+        "shim/autograd.cpp",
+        "shim/c10d.cpp",
+        "shim/memory.cpp",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
     println!("cargo:rerun-if-env-changed=KART_GLOO_INCLUDE");

@@ -178,8 +178,9 @@ fn quick_memory_bench_measures_every_setting() {
             ("f32".into(), false, "none".into(), 1),
             ("f32".into(), true, "none".into(), 1),
             ("f32".into(), true, "gradients".into(), 2),
+            ("f32".into(), true, "full".into(), 2),
             ("bf16".into(), true, "none".into(), 1),
-            ("bf16".into(), true, "gradients".into(), 2),
+            ("bf16".into(), true, "full".into(), 2),
         ]
     );
     for row in &rows {
@@ -200,5 +201,5 @@ fn quick_memory_bench_measures_every_setting() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).unwrap();
-    assert!(rows.len() == 3 && rows.iter().all(|r| r["setup"]["precision"] == "f32"), "{rows:?}");
+    assert!(rows.len() == 4 && rows.iter().all(|r| r["setup"]["precision"] == "f32"), "{rows:?}");
 }

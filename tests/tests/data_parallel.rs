@@ -127,24 +127,31 @@ fn ranks_replaying_a_recording_end_with_the_policy_of_one() {
         }
     }
 
-    // ZeRO-2 over 2 ranks as separate processes: the same policy, and the last step's checkpoint
-    // (written by rank 0 while every rank gathers its slices) holds AdamW's whole state.
-    let out = dir.join("ranks-2-zero2");
-    let mut sharded = replay.clone();
-    merge(&mut sharded, json!({"sharding": "gradients"}));
-    train(&config(&dir, &out, sharded), Some(2));
-    let difference = max_abs_difference(&reference, &parameters(&out));
-    assert!(difference <= 1e-5, "ZeRO-2 on 2 ranks: {difference}");
-    let checkpoint = out.join(format!("checkpoints/step-{STEPS:08}"));
-    let state = Tensor::read_safetensors(checkpoint.join("optimizer.safetensors")).unwrap();
+    // ZeRO-2 and full sharding (FSDP, with activation checkpointing) over 2 ranks as separate
+    // processes: the same policy, saved whole by rank 0, and the last step's checkpoint (written
+    // by rank 0 while every rank gathers its slices) holds AdamW's whole state.
     let unsharded =
         Tensor::read_safetensors(one.join(format!("checkpoints/step-{STEPS:08}/optimizer.safetensors")))
             .unwrap();
-    assert_eq!(state.len(), unsharded.len(), "a moment of every parameter");
-    for (name, tensor) in &unsharded {
-        let (_, sharded) = state.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} missing"));
-        let difference = (tensor - sharded).abs().max().double_value(&[]);
-        assert!(difference <= 1e-5, "{name}: {difference}");
+    for (sharding, extra) in [
+        ("gradients", json!({"sharding": "gradients"})),
+        ("full", json!({"sharding": "full", "activation_checkpointing": true})),
+    ] {
+        let out = dir.join(format!("ranks-2-{sharding}"));
+        let mut sharded = replay.clone();
+        merge(&mut sharded, extra);
+        train(&config(&dir, &out, sharded), Some(2));
+        let difference = max_abs_difference(&reference, &parameters(&out));
+        assert!(difference <= 1e-5, "{sharding} on 2 ranks: {difference}");
+        let checkpoint = out.join(format!("checkpoints/step-{STEPS:08}"));
+        let state = Tensor::read_safetensors(checkpoint.join("optimizer.safetensors")).unwrap();
+        assert_eq!(state.len(), unsharded.len(), "{sharding}: a moment of every parameter");
+        for (name, tensor) in &unsharded {
+            let (_, sharded) =
+                state.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{sharding}: {name} missing"));
+            let difference = (tensor - sharded).abs().max().double_value(&[]);
+            assert!(difference <= 1e-5, "{sharding}: {name}: {difference}");
+        }
     }
 }
 

@@ -6,7 +6,8 @@
 //! - [`transformer`]: the decoder ([`CausalLm`]), loaded or randomly initialised, with a
 //!   [`KvCache`] for generation, over padded rows or packed sequences ([`Layout`]);
 //! - [`recompute`]: activation checkpointing, decoder layers recomputed in the backward pass;
-//!   layers of a frozen model may live in CPU memory instead ([`CausalLm::offload_layers`]);
+//! - [`residency`]: decoder layers brought to the device only while they run, from CPU memory
+//!   ([`CausalLm::offload_layers`]) or gathered from sharded ranks;
 //! - [`logprobs`]: per-token log-probabilities and entropies without full-batch logits;
 //! - [`save`]: writing a folder transformers, vLLM and SGLang load;
 //! - [`sampling`], [`scheduler`]: seeded per-request sampling and continuous batching;
@@ -20,6 +21,7 @@ pub mod kv_cache;
 pub mod logprobs;
 mod offload;
 pub mod recompute;
+pub mod residency;
 pub mod rope;
 pub mod sampling;
 pub mod save;
@@ -32,6 +34,7 @@ pub use embedded::EmbeddedEngine;
 pub use error::ModelError;
 pub use kv_cache::KvCache;
 pub use recompute::Recomputed;
+pub use residency::Residency;
 pub use save::{DEFAULT_MAX_SHARD_SIZE, save_pretrained, save_pretrained_with_max_shard_size};
 pub use scheduler::{Scheduler, generate};
 pub use transformer::{CausalLm, Layout};

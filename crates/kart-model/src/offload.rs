@@ -4,6 +4,7 @@
 //! embeddings, final norm and head, which stay). Only for passes without gradients: a layer's
 //! weights are gone from the device once it has run.
 
+use crate::residency::Residency;
 use crate::transformer::CausalLm;
 use tch::{Device, Kind, Tensor};
 
@@ -42,9 +43,11 @@ impl Offload {
         }
         offload
     }
+}
 
+impl Residency for Offload {
     /// Puts layer `i`'s weights back on the device.
-    pub(crate) fn fetch(&self, i: usize) {
+    fn fetch(&self, i: usize) {
         tch::no_grad(|| {
             for (param, cpu) in &self.layers[i] {
                 param.shallow_clone().set_data(&cpu.to_device(self.device));
@@ -53,7 +56,7 @@ impl Offload {
     }
 
     /// Drops layer `i`'s weights from the device.
-    pub(crate) fn release(&self, i: usize) {
+    fn release(&self, i: usize) {
         for (param, _) in &self.layers[i] {
             param.shallow_clone().set_data(&Tensor::empty([0], (self.kind, self.device)));
         }

@@ -11,7 +11,9 @@
 //! fresh leaf), the vector-Jacobian product with the incoming gradient accumulates into the
 //! layer's parameters and yields the gradient of its input, and its activations are freed before
 //! the next layer runs. The embeddings get theirs last. The gradients equal those of one full
-//! backward pass up to the order of floating-point sums.
+//! backward pass up to the order of floating-point sums. A layer's weights are on the device from
+//! its recomputation through its backward pass ([`crate::residency`]), which is what fully sharded
+//! training needs: gathered per layer, its gradients reduced as soon as the layer is done.
 
 use crate::transformer::{Attend, CausalLm, Layout};
 use tch::{Kind, Tensor};
@@ -90,18 +92,25 @@ impl Recomputed<'_> {
 
     /// Backpropagates through the decoder and the embeddings the gradient the caller's backward
     /// pass left at the final norm's input; gradients accumulate into the parameters as a
-    /// backward pass's do. Does nothing when no gradient reached it.
+    /// backward pass's do. Does nothing when no gradient reached it, unless the layers' fetches
+    /// are collectives (then zeros go down, so that this rank joins every fetch).
     pub fn backward(self) {
-        let mut grad = self.top.grad();
-        if !grad.defined() {
-            return;
-        }
         let model = self.model;
+        let mut grad = match self.top.grad() {
+            g if g.defined() => g,
+            _ if model.fetches_collectively() => self.top.zeros_like(),
+            _ => return,
+        };
         tch::with_grad(|| {
             for (i, input) in self.inputs.iter().enumerate().rev() {
                 let x = input.detach().set_requires_grad(true);
-                let y = model.run_layer(i, &x, &self.rot, self.attend.attend(), None);
-                vector_jacobian(&y, &grad);
+                model.with_layer(i, || {
+                    let y = model.layer(i).forward(&x, &self.rot, self.attend.attend(), None);
+                    vector_jacobian(&y, &grad);
+                    if let Some(residency) = model.residency() {
+                        residency.backward_done(i);
+                    }
+                });
                 grad = x.grad();
             }
             vector_jacobian(&model.embed(&self.input_ids), &grad);

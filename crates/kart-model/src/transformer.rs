@@ -20,6 +20,7 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use crate::offload::Offload;
+use crate::residency::Residency;
 use crate::rope::{self, RotaryEmbedding};
 use crate::weights::Weights;
 
@@ -305,8 +306,8 @@ pub struct CausalLm {
     /// `None` when the head is tied to the embeddings.
     lm_head: Option<Tensor>,
     rope: RotaryEmbedding,
-    /// The decoder layers' weights in CPU memory, when offloaded.
-    offload: Option<Offload>,
+    /// Where the decoder layers' weights live between uses (`None`: on the device).
+    residency: Option<Box<dyn Residency>>,
 }
 
 impl CausalLm {
@@ -380,7 +381,7 @@ impl CausalLm {
             false => Some(param(&p, w, "lm_head.weight", &[vocab, hidden])?),
         };
         let rope = RotaryEmbedding::new(config.head_dim, config.rope.theta, &config.rope.scaling, device);
-        Ok(CausalLm { config, vs, embed_tokens, layers, norm, lm_head, rope, offload: None })
+        Ok(CausalLm { config, vs, embed_tokens, layers, norm, lm_head, rope, residency: None })
     }
 
     /// The model's configuration.
@@ -497,7 +498,7 @@ impl CausalLm {
         self.layers.len()
     }
 
-    /// Decoder layer `i` on `h`, its weights brought to the device first when offloaded.
+    /// Decoder layer `i` on `h`, its weights brought to the device meanwhile.
     pub(crate) fn run_layer(
         &self,
         i: usize,
@@ -506,20 +507,33 @@ impl CausalLm {
         attend: Attend<'_>,
         cache: Option<(&mut KvCache, usize)>,
     ) -> Tensor {
-        let Some(offload) = &self.offload else { return self.layers[i].forward(h, rot, attend, cache) };
-        offload.fetch(i);
-        let out = self.layers[i].forward(h, rot, attend, cache);
-        offload.release(i);
-        out
+        self.with_layer(i, || self.layers[i].forward(h, rot, attend, cache))
+    }
+
+    /// Decoder layer `i` (its weights on the device only inside [`Self::with_layer`] when a
+    /// residency manages them).
+    pub(crate) fn layer(&self, i: usize) -> &DecoderLayer {
+        &self.layers[i]
     }
 
     /// Keeps the decoder layers' weights in CPU memory from now on, each layer's copied to the
     /// device only while it runs: for frozen models in passes without gradients (the reference
     /// policy).
     pub fn offload_layers(&mut self) {
-        if self.offload.is_none() {
-            self.offload = Some(Offload::new(self));
+        if self.residency.is_none() {
+            self.residency = Some(Box::new(Offload::new(self)));
         }
+    }
+
+    /// Hands the decoder layers' weights to `residency` from now on (their data as it decides;
+    /// see [`crate::residency`]).
+    pub fn set_residency(&mut self, residency: Box<dyn Residency>) {
+        self.residency = Some(residency);
+    }
+
+    /// Where the decoder layers' weights live, when not on the device.
+    pub(crate) fn residency(&self) -> Option<&dyn Residency> {
+        self.residency.as_deref()
     }
 
     /// The final norm.

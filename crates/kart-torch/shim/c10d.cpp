@@ -56,6 +56,8 @@ char* kart_store_tcp(const char* host, uint16_t port, bool is_server, int world_
 
 void kart_store_free(kart_store* store) { delete store; }
 
+kart_store* kart_store_share(kart_store* store) { return new kart_store{store->store}; }
+
 char* kart_group_gloo(kart_store* store, int rank, int world_size, int64_t timeout_ms,
                       kart_group** out) {
   return kart::guarded([&] {
@@ -82,6 +84,8 @@ char* kart_group_nccl(kart_store* store, int rank, int world_size, int64_t timeo
 }
 
 void kart_group_free(kart_group* group) { delete group; }
+
+kart_group* kart_group_share(kart_group* group) { return new kart_group{group->backend}; }
 
 char* kart_all_reduce(kart_group* group, kart_tensor t, int op, kart_work** out) {
   return kart::guarded([&] {

@@ -23,6 +23,9 @@ bool kart_torch_cuda_hooks_registered(void);
 int kart_torch_cuda_device_count(void);
 char* kart_torch_cuda_device(int index, char** name, uint64_t* total_memory);
 char* kart_torch_cuda_peak_memory(int index, bool reset, uint64_t* peak);
+/* The most bytes of CPU tensors alive at once since the last reset (counting starts with the
+   first call: kart's allocator is installed in front of PyTorch's then). */
+char* kart_torch_cpu_peak_memory(bool reset, uint64_t* peak);
 char* kart_torch_nccl_version(char** version);
 char* kart_torch_gloo_device(void);
 void kart_torch_free_string(char* s);
@@ -34,6 +37,8 @@ char* kart_clear_grad(kart_tensor tensor);
 char* kart_store_tcp(const char* host, uint16_t port, bool is_server, int world_size,
                      int64_t timeout_ms, kart_store** out);
 void kart_store_free(kart_store* store);
+/* Another handle on the same store. */
+kart_store* kart_store_share(kart_store* store);
 
 // Process groups over a store: Gloo (CPU tensors) or NCCL (CUDA tensors).
 char* kart_group_gloo(kart_store* store, int rank, int world_size, int64_t timeout_ms,
@@ -41,6 +46,8 @@ char* kart_group_gloo(kart_store* store, int rank, int world_size, int64_t timeo
 char* kart_group_nccl(kart_store* store, int rank, int world_size, int64_t timeout_ms,
                       kart_group** out);
 void kart_group_free(kart_group* group);
+/* Another handle on the same backend. */
+kart_group* kart_group_share(kart_group* group);
 
 // Collectives: each starts one c10d operation and hands back its work; kart_work_wait waits
 // (at most timeout_ms) and frees it. `op`: 0 sum, 1 max, 2 min (what Gloo and NCCL both

@@ -8,7 +8,6 @@
 
 #ifdef KART_CUDA
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/csrc/distributed/c10d/NCCLUtils.hpp>
 #endif
 
@@ -45,23 +44,6 @@ char* kart_torch_cuda_device(int index, char** name, uint64_t* total_memory) {
   });
 #else
   (void)index, (void)name, (void)total_memory;
-  return kart::error("kart was built without CUDA headers");
-#endif
-}
-
-// The most bytes of tensors the caching allocator held on device `index` at once since the last
-// reset, and a reset when asked.
-char* kart_torch_cuda_peak_memory(int index, bool reset, uint64_t* peak) {
-#ifdef KART_CUDA
-  return kart::guarded([&] {
-    auto device = static_cast<c10::DeviceIndex>(index);
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
-    *peak = static_cast<uint64_t>(
-        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
-    if (reset) c10::cuda::CUDACachingAllocator::resetPeakStats(device);
-  });
-#else
-  (void)index, (void)reset, (void)peak;
   return kart::error("kart was built without CUDA headers");
 #endif
 }

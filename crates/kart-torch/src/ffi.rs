@@ -27,6 +27,7 @@ unsafe extern "C" {
         total_memory: *mut u64,
     ) -> *mut c_char;
     pub fn kart_torch_cuda_peak_memory(index: c_int, reset: bool, peak: *mut u64) -> *mut c_char;
+    pub fn kart_torch_cpu_peak_memory(reset: bool, peak: *mut u64) -> *mut c_char;
     pub fn kart_torch_nccl_version(version: *mut *mut c_char) -> *mut c_char;
     pub fn kart_torch_gloo_device() -> *mut c_char;
 
@@ -39,6 +40,7 @@ unsafe extern "C" {
         out: *mut *mut KartStore,
     ) -> *mut c_char;
     pub fn kart_store_free(store: *mut KartStore);
+    pub fn kart_store_share(store: *mut KartStore) -> *mut KartStore;
     pub fn kart_group_gloo(
         store: *mut KartStore,
         rank: c_int,
@@ -54,6 +56,7 @@ unsafe extern "C" {
         out: *mut *mut KartGroup,
     ) -> *mut c_char;
     pub fn kart_group_free(group: *mut KartGroup);
+    pub fn kart_group_share(group: *mut KartGroup) -> *mut KartGroup;
 
     pub fn kart_all_reduce(
         group: *mut KartGroup,

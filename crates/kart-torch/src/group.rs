@@ -130,6 +130,18 @@ impl ProcessGroup {
         })
     }
 
+    /// Another handle on the same group, for a part of the program that issues collectives of
+    /// its own (a model's layer shards). The handles must be used from one thread, so that every
+    /// rank issues its collectives in one order.
+    pub fn share(&self) -> ProcessGroup {
+        ProcessGroup {
+            // SAFETY: both are live; the shim returns new owning handles on the same objects.
+            group: unsafe { ffi::kart_group_share(self.group) },
+            store: unsafe { ffi::kart_store_share(self.store) },
+            ..*self
+        }
+    }
+
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -222,6 +234,17 @@ impl ProcessGroup {
             message,
         })?;
         Ok(Work { work, op, rank: self.rank, timeout: self.timeout, _tensor: PhantomData })
+    }
+}
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("backend", &self.backend)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
     }
 }
 

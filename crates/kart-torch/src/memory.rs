@@ -1,5 +1,7 @@
-//! The memory a CUDA device's tensors took at most, from PyTorch's caching allocator (what
-//! `torch.cuda.max_memory_allocated` reads): the figure to put beside a step time on a GPU.
+//! The memory tensors took at most: on a CUDA device from PyTorch's caching allocator (what
+//! `torch.cuda.max_memory_allocated` reads), on the CPU from a counting allocator placed in front
+//! of PyTorch's CPU allocator. The figure to put beside a step time; unlike the process's resident
+//! memory, it leaves out what the C allocator keeps after tensors are freed.
 
 use crate::ffi;
 use std::ffi::c_int;
@@ -15,9 +17,36 @@ pub fn cuda_peak(index: usize, reset: bool) -> Result<u64, String> {
     Ok(peak)
 }
 
+/// The most bytes of CPU tensors alive at once since the last reset; with `reset`, starts a new
+/// measurement from the bytes alive now. The first call starts the counting: tensors allocated
+/// before it are not counted.
+pub fn cpu_peak(reset: bool) -> u64 {
+    let mut peak = 0u64;
+    // SAFETY: one u64 written.
+    let error = unsafe { ffi::kart_torch_cpu_peak_memory(reset, &mut peak) };
+    if let Err(message) = ffi::check(error) {
+        unreachable!("reading a counter cannot fail: {message}");
+    }
+    peak
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_peak_counts_the_tensors_alive_at_once() {
+        cpu_peak(true);
+        let base = cpu_peak(true);
+        let a = tch::Tensor::zeros([1 << 20], (tch::Kind::Float, tch::Device::Cpu));
+        let b = tch::Tensor::zeros([1 << 20], (tch::Kind::Float, tch::Device::Cpu));
+        drop((a, b));
+        let c = tch::Tensor::zeros([1 << 19], (tch::Kind::Float, tch::Device::Cpu));
+        let peak = cpu_peak(true);
+        assert!(peak >= base + (8 << 20) && peak < base + (9 << 20), "{peak} over {base}");
+        assert!(cpu_peak(false) < base + (3 << 20), "a reset starts from what is alive");
+        drop(c);
+    }
 
     #[test]
     fn a_missing_device_is_an_error_not_a_crash() {

@@ -9,6 +9,9 @@
 use kart_core::agent::trajectory::{Status, Trajectory};
 use kart_core::config::train::BatchConfig;
 use kart_core::wire::Group;
+use kart_model::logprobs::{
+    DEFAULT_CHUNK, HeadRecompute, masked_token_logprobs, masked_token_logprobs_recomputed,
+};
 use kart_model::{CausalLm, Layout, Recomputed};
 use tch::{Device, Kind, Tensor};
 
@@ -225,17 +228,50 @@ pub struct MicroBatch {
 }
 
 /// The final hidden states over a micro-batch's window and, with activation checkpointing, the
-/// decoder's backward pass still to run.
+/// decoder's (and the LM head's) backward pass still to run.
 pub struct Forward<'m> {
     /// `(B, W, hidden)`.
     pub hidden: Tensor,
     pending: Option<Recomputed<'m>>,
+    head: Option<HeadRecompute<'m>>,
 }
 
-impl Forward<'_> {
+impl<'m> Forward<'m> {
+    /// Per-token log-probabilities (and entropies) of `mb`'s trained targets under `model` (the
+    /// model of this pass), 0 at the tokens no loss uses; with activation checkpointing the LM
+    /// head keeps no logits and is recomputed in [`Self::backward`].
+    pub fn logprobs(
+        &mut self,
+        model: &'m CausalLm,
+        mb: &MicroBatch,
+        temperature: f64,
+        with_entropy: bool,
+    ) -> (Tensor, Option<Tensor>) {
+        let out = match self.pending {
+            None => return mb.logprobs(model, &self.hidden, temperature, with_entropy),
+            Some(_) => {
+                let (out, head) = masked_token_logprobs_recomputed(
+                    model,
+                    &self.hidden,
+                    &mb.targets,
+                    &mb.mask,
+                    temperature,
+                    with_entropy,
+                    DEFAULT_CHUNK,
+                );
+                self.head = Some(head);
+                out
+            }
+        };
+        (out.logprobs, out.entropy)
+    }
+
     /// Backpropagates `loss` through the whole model.
     pub fn backward(self, loss: &Tensor) {
         loss.backward();
+        if let Some(head) = self.head {
+            head.backward();
+        }
         if let Some(pending) = self.pending {
             pending.backward();
         }
@@ -346,12 +382,16 @@ impl MicroBatch {
 
     /// `(B, W, hidden)` final hidden states of `model` over the window. With several padded rows
     /// and a long enough shared prefix, the prefix runs once (batch 1) and every row continues
-    /// from its keys and values: the same values and gradients as one full pass, for less compute.
+    /// from its keys and values: the same values and gradients as one full pass, for less compute
+    /// (not when the model's layers are gathered from other ranks: one pass per micro-batch keeps
+    /// every rank's gatherings in step).
     pub fn hidden(&self, model: &CausalLm) -> Tensor {
         let (b, t) = self.input_ids.size2().expect("(B, T)");
         let l = self.shared;
         let valid = match &self.layout {
-            Layout::Padded { valid } if b >= 2 && l >= MIN_SHARED_PREFIX => valid.as_ref(),
+            Layout::Padded { valid } if b >= 2 && l >= MIN_SHARED_PREFIX && !model.fetches_collectively() => {
+                valid.as_ref()
+            }
             layout => {
                 let hidden = model.forward_layout(&self.input_ids, &self.positions, layout);
                 return hidden.narrow(1, self.start, self.width());
@@ -372,14 +412,36 @@ impl MicroBatch {
     }
 
     /// The hidden states over the window, for a pass with gradients: with `recompute`, the
-    /// decoder keeps only its layers' inputs and recomputes them in [`Forward::backward`].
+    /// decoder keeps only its layers' inputs and recomputes them in [`Forward::backward`] (and
+    /// [`Forward::logprobs`] keeps no logits).
     pub fn forward<'m>(&self, model: &'m CausalLm, recompute: bool) -> Forward<'m> {
         if !recompute {
-            return Forward { hidden: self.hidden(model), pending: None };
+            return Forward { hidden: self.hidden(model), pending: None, head: None };
         }
         let pass = model.forward_recomputed(&self.input_ids, &self.positions, &self.layout);
         let hidden = pass.hidden().narrow(1, self.start, self.width());
-        Forward { hidden, pending: Some(pass) }
+        Forward { hidden, pending: Some(pass), head: None }
+    }
+
+    /// Per-token log-probabilities (and entropies) of the trained targets under `model` from its
+    /// hidden states over the window (0 at the tokens no loss uses: observations, padding).
+    pub fn logprobs(
+        &self,
+        model: &CausalLm,
+        hidden: &Tensor,
+        temperature: f64,
+        with_entropy: bool,
+    ) -> (Tensor, Option<Tensor>) {
+        let out = masked_token_logprobs(
+            model,
+            hidden,
+            &self.targets,
+            &self.mask,
+            temperature,
+            with_entropy,
+            DEFAULT_CHUNK,
+        );
+        (out.logprobs, out.entropy)
     }
 
     /// Window width W.

@@ -5,7 +5,8 @@
 //! - [`batch`]: trajectories as samples and micro-batches, padded or packed;
 //! - [`losses`]: the RL losses on tensors (the twins of [`kart_core::rl`]);
 //! - [`optim`]: AdamW, gradient clipping and the learning-rate schedule; [`zero`]: its state
-//!   sharded over the data-parallel ranks;
+//!   sharded over the data-parallel ranks, and [`layer_shards`]: the decoder layers' parameters
+//!   too (`sharding: full`);
 //! - [`critic`]: the value model of PPO;
 //! - [`update`]: one optimisation step, and [`data_parallel`]: its share on each rank of a
 //!   data-parallel run;
@@ -26,6 +27,7 @@ pub mod data_parallel;
 pub mod dump;
 pub mod eval;
 pub mod follower;
+pub mod layer_shards;
 pub mod losses;
 pub mod metrics;
 pub mod optim;

@@ -7,7 +7,7 @@
 
 use kart_core::config::train::{OptimConfig, Schedule};
 use std::collections::HashMap;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// One parameter with its optimiser state.
 struct Slot {
@@ -139,11 +139,11 @@ impl AdamW {
         let mut state = NamedState::new(tensors);
         tch::no_grad(|| {
             for s in &mut self.slots {
-                let like = s.param.shallow_clone();
-                s.exp_avg = state.take(&format!("{}.exp_avg", s.name), &like)?;
-                s.exp_avg_sq = state.take(&format!("{}.exp_avg_sq", s.name), &like)?;
+                let (shape, device) = (s.param.size(), s.param.device());
+                s.exp_avg = state.take(&format!("{}.exp_avg", s.name), &shape, device)?;
+                s.exp_avg_sq = state.take(&format!("{}.exp_avg_sq", s.name), &shape, device)?;
                 if s.master.is_some() {
-                    s.master = Some(state.take(&format!("{}.master", s.name), &like)?);
+                    s.master = Some(state.take(&format!("{}.master", s.name), &shape, device)?);
                 }
             }
             Ok::<_, StateError>(())
@@ -162,13 +162,13 @@ impl NamedState {
         NamedState(tensors.into_iter().collect())
     }
 
-    /// The f32 tensor `name`, of `like`'s shape, on its device.
-    pub(crate) fn take(&mut self, name: &str, like: &Tensor) -> Result<Tensor, StateError> {
+    /// The f32 tensor `name`, of shape `shape`, on `device`.
+    pub(crate) fn take(&mut self, name: &str, shape: &[i64], device: Device) -> Result<Tensor, StateError> {
         let t = self.0.remove(name).ok_or_else(|| StateError(format!("`{name}` is missing")))?;
-        if t.size() != like.size() {
-            return Err(StateError(format!("`{name}` has shape {:?}, expected {:?}", t.size(), like.size())));
+        if t.size() != shape {
+            return Err(StateError(format!("`{name}` has shape {:?}, expected {shape:?}", t.size())));
         }
-        Ok(t.to_kind(Kind::Float).to_device(like.device()))
+        Ok(t.to_kind(Kind::Float).to_device(device))
     }
 
     /// An error for a tensor nothing took.

@@ -12,13 +12,12 @@
 //!   gradients the rank updates, `4 P / W`; with `gradients` (ZeRO-2) that slice, and the full
 //!   gradients only while a micro-batch's backward pass runs, reduce-scattered and dropped after
 //!   it: they grow as the activations are freed, so they add `max(0, c P - A)`; with `full` the
-//!   slice and the full gradient of the unit being reduce-scattered, `c max(P_layer, P_outer)`
-//!   (`full` is sized as designed: the trainer does not shard parameters yet);
+//!   slice and the full gradient of the unit being reduce-scattered, `c max(P_layer, P_outer)`;
 //! - optimizer: AdamW's two f32 moments and, in bf16, the f32 master weights, `(8 + 4) P` or
 //!   `8 P`; sharded, the rank's slice of both moments and of the f32 master weights, `12 P / W`;
 //! - on one GPU nothing is sharded (a single process keeps the whole state);
-//! - reference (when `algorithm.kl_loss` is set): weights only, `c P`, not sharded; offloaded,
-//!   the largest unit moved to the GPU at once, `c max(P_layer, V h)`;
+//! - reference (when `algorithm.kl_loss` is set): weights only, `c P` (sharded as the policy's
+//!   with `full`); offloaded, the largest unit moved to the GPU at once, `c max(P_layer, V h)`;
 //! - critic (`algorithm.advantage: gae`): the policy's backbone with its (unused) LM head plus a
 //!   scalar head, `P + h + 1` parameters, with the weights, gradients (none for an untied LM head)
 //!   and AdamW state of the policy's rules;
@@ -28,7 +27,9 @@
 //!   `c L 2 kv_heads head_dim seq_len max_batch` (the cache grows by doubling, so it may hold up
 //!   to twice that; prefill activations are not counted).
 //!
-//! The figures are for rank 0, the only GPU with the in-process engine. Not counted: the CUDA
+//! The figures are for rank 0, the only GPU with the in-process engine. With `full` sharding rank 0
+//! also holds the policy (and critic) whole between steps, to publish and save them, without
+//! activations: its peak is the larger of a step and that. Not counted: the CUDA
 //! context and the caching allocator's fragmentation (together often 1 to 3 GiB), collective
 //! buffers (`distributed.bucket_mb`), and the optimizer step's temporaries (a few f32 copies of the
 //! largest parameter, after the activations are freed).
@@ -63,7 +64,10 @@
 //! `c (L + 1) h` per token; the backward pass then recomputes one layer at a time, whose
 //! activations and in-flight gradients (of its output and input, `2 c h`, and of the MLP's
 //! intermediate, `2 c i`) exist while the LM head's are freed: the peak is the larger of the two
-//! phases.
+//! phases. The LM head is recomputed too, a chunk at a time: it keeps the trained positions'
+//! hidden states `c h` and its f32 values and their gradients, `8` (`16` with entropy), and the
+//! chunk's logits, log-softmax and their gradients exist only while the chunk's backward pass
+//! runs, `8 C V` (`16 C V` with entropy).
 //!
 //! The scoring pass keeps nothing: one layer's MLP temporaries `4 c i N`, or a chunk's f32 logits,
 //! log-softmax, its exponential and their product `16 C V`, beside the hidden states `2 c h N`.
@@ -114,8 +118,11 @@ pub struct MemoryPlan {
     pub tokens_per_micro_batch: u64,
     /// Of those, the tokens the LM head runs on.
     pub trained_per_micro_batch: u64,
-    /// Bytes of each part on rank 0.
+    /// Bytes of each part on rank 0 during a step.
     pub parts: Parts,
+    /// With `full` sharding, rank 0's bytes between steps, when it holds the policy (and critic)
+    /// whole to publish and save them and no activations; 0 otherwise.
+    pub between_steps: u64,
 }
 
 /// Bytes per GPU of each part of a run's memory.
@@ -153,8 +160,13 @@ impl Parts {
 }
 
 impl MemoryPlan {
-    /// Bytes of all parts.
+    /// Rank 0's peak: all parts of a step, or what it holds between steps when that is more.
     pub fn total(&self) -> u64 {
+        self.step().max(self.between_steps)
+    }
+
+    /// Bytes of all parts during a step.
+    pub fn step(&self) -> u64 {
         self.parts.named().iter().map(|(_, bytes)| bytes).sum()
     }
 
@@ -211,7 +223,11 @@ fn activations(d: Dims, c: u64, shape: PassShape, entropy: bool, checkpointing: 
 
     let e = u64::from(entropy);
     let chunk = n_t.min(DEFAULT_CHUNK as u64);
-    let lm_head = n_t * (c * h + 4 * d.vocab * (1 + e)) + chunk * d.vocab * 4 * (2 + 2 * e);
+    let chunk_backward = chunk * d.vocab * 4 * (2 + 2 * e);
+    let lm_head = match checkpointing {
+        true => n_t * (c * h + 8 * (1 + e)) + chunk_backward,
+        false => n_t * (c * h + 4 * d.vocab * (1 + e)) + chunk_backward,
+    };
 
     let train = if checkpointing {
         let kept = n * (c * (d.layers + 1) * h + once) + mask;
@@ -329,7 +345,7 @@ pub fn plan(w: &Workload<'_>) -> Result<MemoryPlan, ConfigError> {
 
     let reference = match (config.algorithm.kl_loss, config.reference.offload) {
         (None, _) => 0,
-        (Some(_), false) => c * all,
+        (Some(_), false) => states.weights(all, layer, outer),
         (Some(_), true) => c * layer.max(head),
     };
     let entropy = config.algorithm.entropy_coef != 0.0;
@@ -354,6 +370,16 @@ pub fn plan(w: &Workload<'_>) -> Result<MemoryPlan, ConfigError> {
         }
         false => 0,
     };
+    // With `full`, rank 0 keeps the policy and critic whole between steps: their gathered
+    // layers take the place of the activations.
+    let critic_layers = match config.algorithm.advantage {
+        AdvantageEstimator::Gae => c * (all - outer),
+        _ => 0,
+    };
+    let gathered = match states.sharding {
+        Sharding::Full => c * all - states.weights(all, layer, outer) + critic_layers,
+        _ => 0,
+    };
     let parts = Parts {
         weights: states.weights(all, layer, outer),
         gradients,
@@ -371,6 +397,10 @@ pub fn plan(w: &Workload<'_>) -> Result<MemoryPlan, ConfigError> {
         parameters: all,
         tokens_per_micro_batch: shape.tokens,
         trained_per_micro_batch: shape.trained,
+        between_steps: match gathered {
+            0 => 0,
+            _ => parts.named().iter().map(|(_, bytes)| bytes).sum::<u64>() - activations + gathered,
+        },
         parts,
     })
 }
@@ -464,6 +494,11 @@ mod tests {
         assert_eq!(full.weights, 2 * ((4 * layer).div_ceil(8) + layer + outer));
         assert_eq!((full.gradients, full.optimizer), (slice + 2 * layer.max(outer), zero1.optimizer));
         assert_eq!(full.activations, none.activations);
+        let full_plan = plan_of(&TrainConfig { sharding: Sharding::Full, ..c.clone() }, 8);
+        let whole = full_plan.step() - full.activations - full.weights + 2 * p;
+        assert_eq!(full_plan.between_steps, whole, "rank 0 holds the policy whole between steps");
+        assert_eq!(full_plan.total(), full_plan.step().max(whole));
+        assert_eq!(plan_of(&TrainConfig { sharding: Sharding::Gradients, ..c.clone() }, 8).between_steps, 0);
         let single = plan_of(&TrainConfig { sharding: Sharding::Optimizer, ..c.clone() }, 1);
         assert_eq!(
             (single.sharding, single.parts),

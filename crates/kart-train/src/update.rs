@@ -2,10 +2,11 @@
 //! gradients, advantages, then PPO epochs over mini-batches with gradient accumulation over
 //! micro-batches, for the policy and (PPO) the critic.
 
-use super::batch::{Field, MicroBatch, MicroBatching, Sample};
+use super::batch::{Field, MicroBatching, Sample};
 use super::checkpoint::Loaded;
 use super::critic::Critic;
 use super::data_parallel::DataParallel;
+use super::layer_shards::{Fault, LayerShards};
 use super::losses::{self, Normalizer};
 use super::optim::{AdamW, StateError, learning_rate};
 use super::record::{StepRecord, keys};
@@ -14,7 +15,6 @@ use kart_core::config::memory::{Precision, Sharding};
 use kart_core::config::train::{AdvantageEstimator, OptimConfig, TrainConfig};
 use kart_core::rl::advantage::{grpo_advantages, rloo_advantages};
 use kart_core::rl::loss::{Matrix, PolicyClip};
-use kart_model::logprobs::{DEFAULT_CHUNK, masked_token_logprobs};
 use kart_model::{CausalLm, ModelError};
 use kart_torch::DistError;
 use std::path::PathBuf;
@@ -55,20 +55,8 @@ pub struct Learner {
     pub critic: Option<(Critic, Optimizer)>,
     /// This rank's part in a data-parallel run (none: one process does all the work).
     pub parallel: Option<DataParallel>,
-}
-
-/// Per-token log-probabilities (and entropies) of a micro-batch's trained targets under `model`
-/// from its hidden states over the window (0 at the tokens no loss uses: observations, padding).
-pub fn logprobs(
-    model: &CausalLm,
-    mb: &MicroBatch,
-    hidden: &Tensor,
-    temperature: f64,
-    with_entropy: bool,
-) -> (Tensor, Option<Tensor>) {
-    let out =
-        masked_token_logprobs(model, hidden, &mb.targets, &mb.mask, temperature, with_entropy, DEFAULT_CHUNK);
-    (out.logprobs, out.entropy)
+    /// Where the layer gatherings of `sharding: full` leave a failed collective.
+    fault: Fault,
 }
 
 /// The kind of the parameters and compute for `precision` (unset: bf16 on CUDA, f32 on the CPU).
@@ -147,38 +135,76 @@ impl Learner {
     /// The learner of the f32 `policy` and `critic` (and the frozen `reference`): in a
     /// data-parallel run every rank starts from rank 0's parameters; each optimiser is AdamW,
     /// replicated or sharded over the ranks as `config.sharding` says, and lowers its parameters
-    /// to `kind` (keeping f32 masters).
+    /// to `kind` (keeping f32 masters). With `full`, the models' decoder layers are sharded too
+    /// (the reference's unless it is offloaded), and rank 0 keeps the policy and critic whole
+    /// between steps (to publish and save them).
     pub fn assemble(
-        policy: CausalLm,
-        reference: Option<CausalLm>,
+        mut policy: CausalLm,
+        mut reference: Option<CausalLm>,
         critic: Option<Critic>,
         config: &TrainConfig,
         kind: Kind,
         parallel: Option<DataParallel>,
     ) -> Result<Learner, DistError> {
-        let optimizer =
-            |params: Vec<(String, Tensor)>, optim: &OptimConfig| -> Result<Optimizer, DistError> {
-                let Some(p) = &parallel else {
-                    return Ok(Optimizer::Replicated(AdamW::mixed(params, optim.clone(), kind)));
-                };
-                p.broadcast_parameters(&params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>())?;
-                Ok(match config.sharding {
-                    Sharding::None => Optimizer::Replicated(AdamW::mixed(params, optim.clone(), kind)),
-                    Sharding::Optimizer | Sharding::Gradients => {
-                        Optimizer::Sharded(ShardedAdamW::new(params, optim.clone(), kind, config.sharding, p))
-                    }
-                    Sharding::Full => unreachable!("refused by TrainConfig::validate"),
-                })
+        let fault = Fault::default();
+        let optimizer = |model: &mut CausalLm,
+                         params: Vec<(String, Tensor)>,
+                         optim: &OptimConfig|
+         -> Result<Optimizer, DistError> {
+            let Some(p) = &parallel else {
+                return Ok(Optimizer::Replicated(AdamW::mixed(params, optim.clone(), kind)));
             };
-        let policy_optimizer = optimizer(policy.named_tensors(), &config.optim)?;
+            p.broadcast_parameters(&params.iter().map(|(_, t)| t.shallow_clone()).collect::<Vec<_>>())?;
+            Ok(match config.sharding {
+                Sharding::None => Optimizer::Replicated(AdamW::mixed(params, optim.clone(), kind)),
+                sharding => {
+                    let sharded = ShardedAdamW::new(params, optim.clone(), kind, sharding, p);
+                    if sharding == Sharding::Full {
+                        model.set_residency(Box::new(sharded.layer_shards(p.group().share(), fault.clone())));
+                    }
+                    Optimizer::Sharded(sharded)
+                }
+            })
+        };
+        let params = policy.named_tensors();
+        let policy_optimizer = optimizer(&mut policy, params, &config.optim)?;
         let critic = match critic {
-            Some(critic) => {
-                let opt = optimizer(critic.parameters(), &config.critic.optim)?;
+            Some(mut critic) => {
+                let params = critic.parameters();
+                let opt = optimizer(&mut critic.model, params, &config.critic.optim)?;
                 Some((critic, opt))
             }
             None => None,
         };
-        Ok(Learner { policy, optimizer: policy_optimizer, reference, critic, parallel })
+        if let (Some(p), Sharding::Full, Some(r)) = (&parallel, config.sharding, &mut reference)
+            && !config.reference.offload
+        {
+            let shards = LayerShards::frozen(r, p.group().share(), fault.clone());
+            r.set_residency(Box::new(shards));
+        }
+        let learner = Learner { policy, optimizer: policy_optimizer, reference, critic, parallel, fault };
+        learner.gather_trained()?;
+        Ok(learner)
+    }
+
+    /// With `sharding: full`, gathers the policy's and critic's layers (every rank takes part):
+    /// rank 0 keeps them whole, to publish and save, until [`Self::release_trained`]; the other
+    /// ranks drop them at once.
+    fn gather_trained(&self) -> Result<(), DistError> {
+        let keep = self.parallel.as_ref().is_some_and(|p| p.group().rank() == 0);
+        self.policy.gather_layers(keep);
+        if let Some((critic, _)) = &self.critic {
+            critic.model.gather_layers(keep);
+        }
+        self.fault.check()
+    }
+
+    /// Drops the layers [`Self::gather_trained`] kept whole (before a step's passes).
+    fn release_trained(&self) {
+        self.policy.release_layers();
+        if let Some((critic, _)) = &self.critic {
+            critic.model.release_layers();
+        }
     }
 
     /// The device the policy lives on.
@@ -204,18 +230,28 @@ impl Learner {
     }
 
     /// Before this rank's `done` micro-batches of a mini-batch, when `optimizer` reduces after
-    /// each: the reductions (of zeros) that bring it to as many as the busiest rank runs, so
-    /// every rank joins the same collectives.
+    /// each (or `model`'s layers are gathered for each): idle micro-batches (the layer
+    /// gatherings of a recomputed pass, then reductions of zeros) that bring it to as many as the
+    /// busiest rank runs, so every rank joins the same collectives.
     fn catch_up(
+        model: &CausalLm,
         optimizer: &mut Optimizer,
         parallel: Option<&DataParallel>,
         done: usize,
     ) -> Result<(), DistError> {
         let Some(p) = parallel.filter(|_| optimizer.reduces_per_micro_batch()) else { return Ok(()) };
         for _ in done..p.max(done)? {
+            model.idle_pass(true);
             optimizer.after_micro_batch(parallel)?;
         }
         Ok(())
+    }
+
+    /// The models the score pass runs, in order.
+    fn scored(&self) -> impl Iterator<Item = &CausalLm> {
+        std::iter::once(&self.policy)
+            .chain(&self.reference)
+            .chain(self.critic.as_ref().map(|(c, _)| &c.model))
     }
 
     /// Fills old log-probabilities, reference log-probabilities and values (no gradients);
@@ -226,16 +262,23 @@ impl Learner {
         let mine = self.share(samples, &all);
         let (mut entropy_sum, mut tokens) = (0.0, 0.0);
         let split = MicroBatching::of(&config.batch);
+        let micros = split.split(samples, &mine);
+        if let Some(p) = self.parallel.as_ref().filter(|_| self.scored().any(CausalLm::fetches_collectively))
+        {
+            for _ in micros.len()..p.max(micros.len())? {
+                self.scored().for_each(|model| model.idle_pass(false));
+            }
+        }
         tch::no_grad(|| {
-            for rows in split.split(samples, &mine) {
+            for rows in micros {
                 let mb = split.batch(samples, &rows, self.device());
-                let (old, entropy) = logprobs(&self.policy, &mb, &mb.hidden(&self.policy), temperature, true);
+                let (old, entropy) = mb.logprobs(&self.policy, &mb.hidden(&self.policy), temperature, true);
                 let entropy = entropy.expect("entropy requested");
                 entropy_sum += (entropy * &mb.mask).sum(Kind::Double).double_value(&[]);
                 tokens += mb.mask.sum(Kind::Double).double_value(&[]);
                 mb.scatter(samples, Field::OldLogprobs, &old);
                 if let Some(reference) = &self.reference {
-                    let (r, _) = logprobs(reference, &mb, &mb.hidden(reference), temperature, false);
+                    let (r, _) = mb.logprobs(reference, &mb.hidden(reference), temperature, false);
                     mb.scatter(samples, Field::RefLogprobs, &r);
                 }
                 if let Some((critic, _)) = &self.critic {
@@ -243,6 +286,7 @@ impl Learner {
                 }
             }
         });
+        self.fault.check()?;
         if let Some(p) = &self.parallel {
             p.combine(samples, &[Field::OldLogprobs, Field::RefLogprobs, Field::Values])?;
             let mut sums = [entropy_sum, tokens];
@@ -266,6 +310,7 @@ impl Learner {
         if samples.is_empty() {
             return Ok(record);
         }
+        self.release_trained();
         record.set(keys::ACTOR_ENTROPY, self.score(samples, config)?);
         advantages(samples, config);
         let train_actor = step >= config.critic.warmup_steps || self.critic.is_none();
@@ -285,6 +330,7 @@ impl Learner {
         if let Some(p) = &self.parallel {
             sums.combine(p)?;
         }
+        self.gather_trained()?;
         sums.write(&mut record, lr);
         Ok(record)
     }
@@ -303,12 +349,11 @@ impl Learner {
         self.optimizer.zero_grad();
         let split = MicroBatching::of(&config.batch);
         let micros = split.split(samples, &self.share(samples, rows));
-        Self::catch_up(&mut self.optimizer, self.parallel.as_ref(), micros.len())?;
+        Self::catch_up(&self.policy, &mut self.optimizer, self.parallel.as_ref(), micros.len())?;
         for micro in micros {
             let mb = split.batch(samples, &micro, self.device());
-            let forward = mb.forward(&self.policy, config.activation_checkpointing);
-            let (lp, entropy) =
-                logprobs(&self.policy, &mb, &forward.hidden, temperature, a.entropy_coef != 0.0);
+            let mut forward = mb.forward(&self.policy, config.activation_checkpointing);
+            let (lp, entropy) = forward.logprobs(&self.policy, &mb, temperature, a.entropy_coef != 0.0);
             let old = mb.gather(samples, Field::OldLogprobs);
             let adv = mb.gather(samples, Field::Advantages);
             let weights = a.tis_cap.map(|cap| {
@@ -342,6 +387,7 @@ impl Learner {
             sums.clipfrac_lower += pg.clipfrac_lower.double_value(&[]);
             sums.ppo_kl += pg.ppo_kl.double_value(&[]);
         }
+        self.fault.check()?;
         sums.grad_norm += self.optimizer.step(self.parallel.as_ref(), lr)?;
         sums.actor_updates += 1;
         Ok(())
@@ -357,7 +403,7 @@ impl Learner {
         optimizer.zero_grad();
         let split = MicroBatching::of(&config.batch);
         let micros = split.split(samples, &mine);
-        Self::catch_up(optimizer, parallel, micros.len())?;
+        Self::catch_up(&critic.model, optimizer, parallel, micros.len())?;
         for micro in micros {
             let mb = split.batch(samples, &micro, critic.model.device());
             let forward = mb.forward(&critic.model, config.activation_checkpointing);
@@ -375,6 +421,7 @@ impl Learner {
             sums.vf_loss += vf.loss.double_value(&[]);
             sums.vf_clipfrac += vf.clipfrac.double_value(&[]);
         }
+        self.fault.check()?;
         sums.critic_grad_norm += optimizer.step(parallel, lr)?;
         sums.critic_updates += 1;
         Ok(())
@@ -526,6 +573,7 @@ fn gae(samples: &mut [Sample], gamma: f64, lam: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::MicroBatch;
     use kart_core::agent::trajectory::Trajectory;
     use kart_core::config::train::{AlgorithmConfig, BatchConfig, OptimConfig};
 
@@ -575,11 +623,33 @@ mod tests {
         config: &TrainConfig,
         parallel: Option<DataParallel>,
     ) -> Learner {
+        learner_from(with_critic, kind, config, parallel, None)
+    }
+
+    /// [`learner_with`], the policy's (and critic's) parameters set to `start` (in
+    /// [`parameters`]' order) before they are assembled, as a checkpoint's are loaded.
+    fn learner_from(
+        with_critic: bool,
+        kind: Kind,
+        config: &TrainConfig,
+        parallel: Option<DataParallel>,
+        start: Option<&[Tensor]>,
+    ) -> Learner {
         let policy = CausalLm::load(&kart_testing::model("tiny-qwen2"), Device::Cpu).unwrap();
         let mut reference = CausalLm::load_as(&kart_testing::model("tiny-qwen2"), Device::Cpu, kind).unwrap();
         reference.var_store_mut().freeze();
         let critic =
             with_critic.then(|| Critic::load(&kart_testing::model("tiny-qwen2"), Device::Cpu, 0).unwrap());
+        if let Some(start) = start {
+            let mut params: Vec<Tensor> = policy.named_tensors().into_iter().map(|(_, t)| t).collect();
+            params.extend(critic.iter().flat_map(|c| c.parameters().into_iter().map(|(_, t)| t)));
+            assert_eq!(params.len(), start.len());
+            tch::no_grad(|| {
+                for (mut p, v) in params.into_iter().zip(start) {
+                    p.copy_(v);
+                }
+            });
+        }
         Learner::assemble(policy, Some(reference), critic, config, kind, parallel).unwrap()
     }
 
@@ -622,13 +692,9 @@ mod tests {
                         let group = kart_torch::ProcessGroup::join(&ranks, Device::Cpu, timeout).unwrap();
                         DataParallel::new(group, 0.01)
                     });
-                    let mut learner = learner_with(with_critic, Kind::Float, &config, parallel);
+                    let params = start.as_ref().map(|s| &s.params[..]);
+                    let mut learner = learner_from(with_critic, Kind::Float, &config, parallel, params);
                     if let Some(start) = start {
-                        tch::no_grad(|| {
-                            for (mut p, v) in parameters(&learner).into_iter().zip(&start.params) {
-                                p.copy_(v);
-                            }
-                        });
                         let mut states = start.states.into_iter();
                         let (state, n) = states.next().unwrap();
                         learner.optimizer.load_state(state, n).unwrap();
@@ -639,6 +705,21 @@ mod tests {
                     }
                     for step in steps {
                         learner.step(&mut samples(30), &config, step).unwrap();
+                    }
+                    if config.sharding == Sharding::Full && world > 1 {
+                        let layer_weights = |model: &CausalLm| -> usize {
+                            let named = model.named_tensors();
+                            named
+                                .iter()
+                                .filter(|(n, _)| n.starts_with("model.layers."))
+                                .map(|(_, t)| t.numel())
+                                .sum()
+                        };
+                        let reference = learner.reference.as_ref().unwrap();
+                        assert_eq!(layer_weights(reference), 0, "the reference's layers are sharded");
+                        if rank > 0 {
+                            assert_eq!(layer_weights(&learner.policy), 0, "rank {rank} holds no layer whole");
+                        }
                     }
                     let states = learner.optimizer_states().unwrap();
                     Snapshot {
@@ -660,18 +741,19 @@ mod tests {
         a.iter().zip(b).map(|(x, y)| (x - y).abs().max().double_value(&[])).fold(0.0, f64::max)
     }
 
-    /// ZeRO-1 and ZeRO-2 on 2 and 3 ranks end 3 steps (PPO's critic included, 2 epochs, several
-    /// micro-batches, a rank without samples on 3) with the policy unsharded training reaches; the
-    /// whole state gathered from 2 sharded ranks resumes onto 3 sharded ranks and onto one
-    /// unsharded process alike.
+    /// ZeRO-1, ZeRO-2 and full sharding (FSDP: the reference's and critic's layers too) on 2
+    /// and 3 ranks end 3 steps (PPO's critic included, 2 epochs, several micro-batches, a rank
+    /// without samples on 3) with the policy unsharded training reaches; the whole state gathered
+    /// from 2 sharded ranks resumes onto 3 sharded ranks and onto one unsharded process alike.
     #[test]
     fn sharded_optimizers_reach_the_unsharded_policy_and_resume_onto_other_rank_counts() {
         let mut base = config(AdvantageEstimator::Gae);
         base.algorithm.ppo_epochs = 2;
         base.batch.micro_batch_size = 1;
         let unsharded = trained_from(1, &base, true, None, 0..3);
-        for sharding in [Sharding::Optimizer, Sharding::Gradients] {
-            let config = TrainConfig { sharding, ..base.clone() };
+        for sharding in [Sharding::Optimizer, Sharding::Gradients, Sharding::Full] {
+            let activation_checkpointing = sharding == Sharding::Full;
+            let config = TrainConfig { sharding, activation_checkpointing, ..base.clone() };
             for world in [2, 3] {
                 let sharded = trained_from(world, &config, true, None, 0..3);
                 let diff = max_abs_difference(&unsharded.params, &sharded.params);
@@ -802,7 +884,7 @@ mod tests {
         assert_eq!(max_abs_difference(&a, &b), 0.0);
     }
 
-    /// Activation checkpointing recomputes the decoder in the backward pass: the gradients of the
+    /// Activation checkpointing recomputes the decoder and the LM head in the backward pass: the gradients of the
     /// policy and of PPO's critic are those of the plain backward pass to 1e-6.
     #[test]
     fn checkpointed_gradients_equal_the_kept_activations_ones() {
@@ -887,7 +969,7 @@ mod tests {
                 }
                 let batch = samples(30);
                 let mb = MicroBatch::new(&batch, &[0, 1, 2, 3], Device::Cpu);
-                logprobs(&model, &mb, &mb.hidden(&model), 1.0, false).0
+                mb.logprobs(&model, &mb.hidden(&model), 1.0, false).0
             })
         };
         let start = logprobs_of(&learner(false).policy.named_tensors());
@@ -987,7 +1069,7 @@ mod tests {
             for (_, p) in policy.named_tensors() {
                 p.grad().defined().then(|| p.grad().zero_());
             }
-            let (lp, _) = logprobs(&policy, mb, &mb.hidden(&policy), 1.0, false);
+            let (lp, _) = mb.logprobs(&policy, &mb.hidden(&policy), 1.0, false);
             (lp.sum(Kind::Float) * 0.5 + lp.square().sum(Kind::Float)).backward();
             let grads: Vec<Tensor> = policy.named_tensors().iter().map(|(_, p)| p.grad().copy()).collect();
             (lp.detach(), grads)

@@ -18,12 +18,19 @@
 //! AdamW's, so any number of ranks reaches the unsharded update. For a checkpoint the state is
 //! gathered whole under [`AdamW`]'s names; a checkpoint is sliced on load, so a run resumes onto
 //! any number of ranks.
+//!
+//! `full` (FSDP) shards the decoder layers' parameters too: each layer is a bucket of its own
+//! whose slices a [`LayerShards`] gathers into the layer only while it runs and whose gradients
+//! it reduce-scatters as soon as the layer's backward pass is done; the other parameters
+//! (embeddings, final norm, LM head, a critic's value head) stay whole and are handled as with
+//! `gradients`.
 
 use super::data_parallel::{DataParallel, flatten, unflatten};
+use super::layer_shards::{Fault, LayerShard, LayerShards, layer_members};
 use super::optim::{AdamW, NamedState, StateError, Update, clip_scale};
 use kart_core::config::memory::Sharding;
 use kart_core::config::train::OptimConfig;
-use kart_torch::{DistError, ReduceOp};
+use kart_torch::{DistError, ProcessGroup, ReduceOp};
 use tch::{Kind, Tensor};
 
 /// A model's optimiser: AdamW on every rank, or sharded over the ranks.
@@ -62,14 +69,17 @@ impl Optimizer {
     /// Whether every micro-batch ends in a collective ([`Self::after_micro_batch`]), so the ranks
     /// must run equally many.
     pub fn reduces_per_micro_batch(&self) -> bool {
-        matches!(self, Optimizer::Sharded(o) if o.sharding == Sharding::Gradients)
+        matches!(self, Optimizer::Sharded(o) if o.sharding != Sharding::Optimizer)
     }
 
-    /// After a micro-batch's backward pass: ZeRO-2 reduce-scatters the gradients into this rank's
-    /// slice and drops them.
+    /// After a micro-batch's backward pass: ZeRO-2 (and `full`, for the parameters outside the
+    /// decoder layers) reduce-scatters the gradients into this rank's slice and drops them.
     pub fn after_micro_batch(&mut self, parallel: Option<&DataParallel>) -> Result<(), DistError> {
         match (self, parallel) {
-            (Optimizer::Sharded(o), Some(p)) if o.sharding == Sharding::Gradients => o.reduce(p),
+            (o @ Optimizer::Sharded(_), Some(p)) if o.reduces_per_micro_batch() => {
+                let Optimizer::Sharded(o) = o else { unreachable!() };
+                o.reduce(p)
+            }
             _ => Ok(()),
         }
     }
@@ -108,12 +118,15 @@ impl Optimizer {
     }
 }
 
-/// AdamW with its state sharded over the ranks (ZeRO-1 or ZeRO-2).
+/// AdamW with its state sharded over the ranks (ZeRO-1, ZeRO-2, or with `full` the decoder
+/// layers' parameters too).
 pub struct ShardedAdamW {
     sharding: Sharding,
     names: Vec<String>,
-    /// The model's parameters, whole on every rank, of kind `kind`.
+    /// The model's parameters, of kind `kind`: whole on every rank, but for `full` the decoder
+    /// layers', which are empty unless gathered.
     params: Vec<Tensor>,
+    shapes: Vec<Vec<i64>>,
     kind: Kind,
     buckets: Vec<Bucket>,
     config: OptimConfig,
@@ -134,12 +147,15 @@ struct Bucket {
     exp_avg_sq: Tensor,
     /// The slice of the summed gradients (f32).
     grad: Tensor,
+    /// Whether its parameters stay whole on every rank (all but `full`'s decoder layers).
+    resident: bool,
 }
 
 impl ShardedAdamW {
     /// Shards the optimiser of the f32 `params` (identical on every rank) over `parallel`'s
     /// ranks: each keeps f32 master weights of its slices, then the parameters are lowered to
-    /// `kind` in place.
+    /// `kind` in place. With `full`, each decoder layer (`model.layers.{i}.…`) is a bucket of its
+    /// own, to be handed to [`Self::layer_shards`].
     pub fn new(
         params: Vec<(String, Tensor)>,
         config: OptimConfig,
@@ -150,15 +166,22 @@ impl ShardedAdamW {
         let (names, params): (Vec<String>, Vec<Tensor>) = params.into_iter().unzip();
         let group = parallel.group();
         let (rank, world) = (group.rank() as i64, group.world_size() as i64);
+        let layers = match sharding {
+            Sharding::Full => layer_members(&names),
+            _ => Vec::new(),
+        };
+        let in_layers: std::collections::HashSet<usize> = layers.iter().flatten().copied().collect();
+        let rest: Vec<usize> = (0..params.len()).filter(|i| !in_layers.contains(i)).collect();
+        let rest_params: Vec<Tensor> = rest.iter().map(|&i| params[i].shallow_clone()).collect();
+        let resident =
+            parallel.buckets(&rest_params).into_iter().map(|b| b.iter().map(|&j| rest[j]).collect());
+        let members = resident.map(|m| (m, true)).chain(layers.into_iter().map(|m| (m, false)));
         let buckets = tch::no_grad(|| {
-            parallel
-                .buckets(&params)
-                .into_iter()
-                .map(|members| {
-                    let numel = members.iter().map(|&i| params[i].numel() as i64).sum::<i64>();
+            members
+                .map(|(members, resident)| {
+                    let numel = members.iter().map(|&i: &usize| params[i].numel() as i64).sum::<i64>();
                     let shard = (numel + world - 1) / world;
-                    let flat = padded(&flatten(&params, &members).to_kind(Kind::Float), shard * world);
-                    let master = flat.narrow(0, rank * shard, shard).copy();
+                    let master = slice_of(&flatten(&params, &members).to_kind(Kind::Float), shard, rank);
                     Bucket {
                         members,
                         numel,
@@ -167,6 +190,7 @@ impl ShardedAdamW {
                         exp_avg_sq: master.zeros_like(),
                         grad: master.zeros_like(),
                         master,
+                        resident,
                     }
                 })
                 .collect()
@@ -180,7 +204,28 @@ impl ShardedAdamW {
                 }
             });
         }
-        ShardedAdamW { sharding, names, params, kind, buckets, config, steps: 0, rank }
+        let shapes = params.iter().map(Tensor::size).collect();
+        ShardedAdamW { sharding, names, params, shapes, kind, buckets, config, steps: 0, rank }
+    }
+
+    /// The decoder layers' slices (`full`), for the model's [`LayerShards`] over `group` (a handle
+    /// on the optimiser's group): it gathers the master weights and sums the gradients this
+    /// optimiser updates. The layers are released.
+    pub fn layer_shards(&self, group: ProcessGroup, fault: Fault) -> LayerShards {
+        let layers = self
+            .buckets
+            .iter()
+            .filter(|b| !b.resident)
+            .map(|b| LayerShard {
+                params: b.members.iter().map(|&i| self.params[i].shallow_clone()).collect(),
+                shapes: b.members.iter().map(|&i| self.shapes[i].clone()).collect(),
+                numel: b.numel,
+                shard: b.shard,
+                weights: b.master.shallow_clone(),
+                grad: Some(b.grad.shallow_clone()),
+            })
+            .collect();
+        LayerShards::new(group, layers, self.kind, fault)
     }
 
     fn zero_grad(&mut self) {
@@ -192,27 +237,13 @@ impl ShardedAdamW {
         }
     }
 
-    /// Reduce-scatters the parameters' gradients (zeros where a rank computed none) into the
-    /// buckets' slices, adding to them, and drops the full gradients.
+    /// Reduce-scatters the gradients of the resident parameters (zeros where a rank computed
+    /// none) into the buckets' slices, adding to them, and drops the full gradients.
     fn reduce(&mut self, parallel: &DataParallel) -> Result<(), DistError> {
-        let world = parallel.group().world_size() as i64;
-        tch::no_grad(|| {
-            let grads: Vec<Tensor> = self
-                .params
-                .iter()
-                .map(|p| match p.grad() {
-                    g if g.defined() => g,
-                    _ => p.detach().zeros_like(),
-                })
-                .collect();
-            for b in &mut self.buckets {
-                let flat = padded(&flatten(&grads, &b.members), b.shard * world);
-                let mut mine = Tensor::zeros([b.shard], (flat.kind(), flat.device()));
-                parallel.group().reduce_scatter(&mut mine, &flat, ReduceOp::Sum)?;
-                let _ = b.grad.g_add_(&mine.to_kind(Kind::Float));
-            }
-            Ok::<_, DistError>(())
-        })?;
+        for b in self.buckets.iter().filter(|b| b.resident) {
+            let grads = Gradients { params: &self.params, shapes: &self.shapes, kind: self.kind };
+            grads.reduce_scatter(parallel.group(), &b.members, b.shard, &b.grad)?;
+        }
         for p in &self.params {
             kart_torch::grad::clear(p);
         }
@@ -234,6 +265,9 @@ impl ShardedAdamW {
         tch::no_grad(|| {
             for b in &mut self.buckets {
                 update.apply(&mut b.master, &b.grad, &mut b.exp_avg, &mut b.exp_avg_sq);
+                if !b.resident {
+                    continue;
+                }
                 let whole = gather(parallel, &b.master.to_kind(self.kind), b.shard * world)?;
                 unflatten(&whole.narrow(0, 0, b.numel), &self.params, &b.members, |p, v| {
                     p.copy_(v);
@@ -258,8 +292,8 @@ impl ShardedAdamW {
                     let whole = gather(parallel, slice, b.shard * world)?;
                     let mut at = 0;
                     for &i in &b.members {
-                        let n = self.params[i].numel() as i64;
-                        let value = whole.narrow(0, at, n).view(self.params[i].size().as_slice()).copy();
+                        let n = self.shapes[i].iter().product::<i64>();
+                        let value = whole.narrow(0, at, n).view(self.shapes[i].as_slice()).copy();
                         named.push((format!("{}.{suffix}", self.names[i]), value));
                         at += n;
                     }
@@ -270,37 +304,76 @@ impl ShardedAdamW {
         Ok(named)
     }
 
-    /// Takes this rank's slices of a whole state. f32 parameters are their own masters (the
-    /// policy was loaded from the same checkpoint).
+    /// Takes this rank's slices of a whole state, in place (a model's [`LayerShards`] shares
+    /// them). f32 parameters are their own masters: those the optimiser was built from (loaded
+    /// from the same checkpoint).
     fn load_state(&mut self, tensors: Vec<(String, Tensor)>, steps: i64) -> Result<(), StateError> {
         let mut state = NamedState::new(tensors);
-        let ShardedAdamW { names, params, kind, buckets, rank, .. } = self;
+        let ShardedAdamW { names, shapes, kind, buckets, rank, .. } = self;
         tch::no_grad(|| {
             for b in buckets.iter_mut() {
+                let device = b.master.device();
                 let mut take = |suffix: &str| -> Result<Tensor, StateError> {
                     let parts = b
                         .members
                         .iter()
                         .map(|&i| {
-                            Ok(state.take(&format!("{}.{suffix}", names[i]), &params[i])?.reshape([-1]))
+                            let name = format!("{}.{suffix}", names[i]);
+                            Ok(state.take(&name, &shapes[i], device)?.reshape([-1]))
                         })
                         .collect::<Result<Vec<_>, StateError>>()?;
                     Ok(slice_of(&Tensor::cat(&parts, 0), b.shard, *rank))
                 };
                 let (exp_avg, exp_avg_sq) = (take("exp_avg")?, take("exp_avg_sq")?);
-                let master = match *kind {
-                    Kind::Float => {
-                        slice_of(&flatten(params, &b.members).to_kind(Kind::Float), b.shard, *rank)
-                    }
-                    _ => take("master")?,
-                };
-                (b.exp_avg, b.exp_avg_sq, b.master) = (exp_avg, exp_avg_sq, master);
+                if *kind != Kind::Float {
+                    b.master.copy_(&take("master")?);
+                }
+                b.exp_avg.copy_(&exp_avg);
+                b.exp_avg_sq.copy_(&exp_avg_sq);
             }
             Ok::<_, StateError>(())
         })?;
         state.finish()?;
         self.steps = steps;
         Ok(())
+    }
+}
+
+/// The gradients of some parameters, for a reduce-scatter.
+pub(crate) struct Gradients<'a> {
+    pub(crate) params: &'a [Tensor],
+    /// The parameters' shapes (a released layer's parameters are empty).
+    pub(crate) shapes: &'a [Vec<i64>],
+    /// The parameters' kind.
+    pub(crate) kind: Kind,
+}
+
+impl Gradients<'_> {
+    /// Reduce-scatters the flattened gradients of `params[members]` (zeros where none was
+    /// computed), padded to a multiple of the ranks, over `group`, and adds this rank's slice of
+    /// `shard` elements to the f32 `sum`.
+    pub(crate) fn reduce_scatter(
+        &self,
+        group: &ProcessGroup,
+        members: &[usize],
+        shard: i64,
+        sum: &Tensor,
+    ) -> Result<(), DistError> {
+        tch::no_grad(|| {
+            let grads: Vec<Tensor> = members
+                .iter()
+                .map(|&i| match self.params[i].grad() {
+                    g if g.defined() => g,
+                    _ => Tensor::zeros(self.shapes[i].as_slice(), (self.kind, self.params[i].device())),
+                })
+                .collect();
+            let all: Vec<usize> = (0..grads.len()).collect();
+            let flat = padded(&flatten(&grads, &all), shard * group.world_size() as i64);
+            let mut mine = Tensor::zeros([shard], (flat.kind(), flat.device()));
+            group.reduce_scatter(&mut mine, &flat, ReduceOp::Sum)?;
+            let _ = sum.shallow_clone().g_add_(&mine.to_kind(Kind::Float));
+            Ok(())
+        })
     }
 }
 
@@ -312,7 +385,7 @@ fn gather(parallel: &DataParallel, slice: &Tensor, len: i64) -> Result<Tensor, D
 }
 
 /// `flat` with zeros appended up to `len` elements.
-fn padded(flat: &Tensor, len: i64) -> Tensor {
+pub(crate) fn padded(flat: &Tensor, len: i64) -> Tensor {
     let missing = len - flat.numel() as i64;
     match missing {
         0 => flat.shallow_clone(),
@@ -321,7 +394,7 @@ fn padded(flat: &Tensor, len: i64) -> Tensor {
 }
 
 /// Rank `rank`'s slice of `shard` elements of the flat `whole` (zeros past its end).
-fn slice_of(whole: &Tensor, shard: i64, rank: i64) -> Tensor {
+pub(crate) fn slice_of(whole: &Tensor, shard: i64, rank: i64) -> Tensor {
     let len = (rank + 1) * shard;
     padded(whole, len.max(whole.numel() as i64)).narrow(0, rank * shard, shard).copy()
 }

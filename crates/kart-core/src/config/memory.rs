@@ -44,6 +44,7 @@ pub enum Sharding {
 #[serde(default, deny_unknown_fields)]
 pub struct ReferenceConfig {
     /// Keep its decoder layers' weights in CPU memory (pinned on CUDA), each layer's copied to
-    /// the device only while it runs; it is loaded on the device first, then moved.
+    /// the device only while it runs; it is loaded on the device first, then moved. Takes the
+    /// place of `sharding: full` for the reference.
     pub offload: bool,
 }

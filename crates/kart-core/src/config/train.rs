@@ -58,8 +58,8 @@ pub struct TrainConfig {
     /// Keep only each decoder layer's input in the forward pass and recompute the layer in the
     /// backward pass.
     pub activation_checkpointing: bool,
-    /// What the data-parallel ranks shard between them (`full` is refused yet; `kart plan`
-    /// sizes it).
+    /// What the data-parallel ranks shard between them (`full` needs
+    /// `activation_checkpointing`).
     pub sharding: Sharding,
     /// The reference policy of the KL loss.
     pub reference: ReferenceConfig,
@@ -523,11 +523,11 @@ impl TrainConfig {
         if a.ppo_epochs == 0 {
             return err("algorithm.ppo_epochs", &a.ppo_epochs, "must be at least 1");
         }
-        if self.sharding == Sharding::Full {
+        if self.sharding == Sharding::Full && !self.activation_checkpointing {
             return err(
                 "sharding",
                 &"full",
-                "the trainer shards optimizer states and gradients, not yet parameters: use optimizer or gradients (kart plan sizes full)",
+                "needs activation_checkpointing: true (a layer's gathered weights are dropped after its forward pass and gathered again for its recomputed backward pass)",
             );
         }
         if b.micro_batch_tokens == Some(0) {
@@ -700,7 +700,14 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().starts_with("critic.optim.lr = -1"));
         let mut c = valid();
         c.sharding = Sharding::Full;
-        assert!(c.validate().unwrap_err().to_string().starts_with("sharding = full: "));
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("sharding = full: needs activation_checkpointing")
+        );
+        c.activation_checkpointing = true;
+        assert_eq!(c.validate(), Ok(()));
         let mut c = valid();
         c.batch.micro_batch_tokens = Some(0);
         assert!(c.validate().unwrap_err().to_string().starts_with("batch.micro_batch_tokens = 0"));

@@ -58,7 +58,32 @@ pub fn run() -> ExitCode {
         Command::Train(args) => train::run(args),
     };
     result.unwrap_or_else(|e| {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", message(&e));
         ExitCode::FAILURE
     })
+}
+
+/// `error` and its causes, `: `-separated, leaving out a cause whose text the message so far
+/// already holds (errors that wrap another often repeat it: `config: {0}`).
+fn message(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cause_the_message_repeats_is_printed_once() {
+        let inner = std::io::Error::other("disk full");
+        let wrapped = anyhow::Error::new(inner).context("writing x: disk full").context("saving");
+        assert_eq!(super::message(&wrapped), "saving: writing x: disk full");
+        let plain = anyhow::Error::new(std::io::Error::other("disk full")).context("writing x");
+        assert_eq!(super::message(&plain), "writing x: disk full");
+    }
 }

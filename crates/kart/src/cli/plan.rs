@@ -181,6 +181,14 @@ fn text(plan: &MemoryPlan, model: &ModelConfig, path: &std::path::Path, gpu_memo
         let part = if part == "engine" { "engine (rank 0)" } else { part };
         out += &format!("{part:<16} {:>8.2}\n", gib(bytes));
     }
+    if plan.between_steps > 0 {
+        out += &format!("{:<16} {:>8.2}\n", "step", gib(plan.step()));
+        out += &format!(
+            "{:<16} {:>8.2}  (rank 0 holds the policy whole)\n",
+            "between steps",
+            gib(plan.between_steps)
+        );
+    }
     out += &format!("{:<16} {:>8.2}\n", "total", gib(plan.total()));
     let fits = if plan.fits(gpu_memory) { "yes" } else { "no" };
     let headroom = gib(gpu_memory) - gib(plan.total());

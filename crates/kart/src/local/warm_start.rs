@@ -157,7 +157,7 @@ pub fn train(
         };
         let mb = MicroBatch::new(pooled, &rows, model.device());
         optimizer.zero_grad();
-        let (logprobs, _) = kart_train::update::logprobs(model, &mb, &mb.hidden(model), 1.0, false);
+        let (logprobs, _) = mb.logprobs(model, &mb.hidden(model), 1.0, false);
         let loss = -(logprobs * &mb.mask).sum(Kind::Float) / mb.mask.sum(Kind::Float).clamp_min(1.0);
         loss.backward();
         optimizer.step(learning_rate(&optim, step, total));

@@ -19,8 +19,10 @@
 //! entropy and last KL to the reference as the check that they computed the same.
 //!
 //! With `--memory` kart runs alone, in several memory settings on the same batch, each rank
-//! reporting its peak resident memory over the steps above what it held before loading the
-//! models; the first setting (f32, every rank holding everything) is the anchor of the ratios.
+//! reporting the most bytes of tensors it held at once over the steps (the models and optimiser
+//! states included: what `torch.cuda.max_memory_allocated` reads on a GPU, counted by kart's CPU
+//! allocator on the CPU); the first setting (f32, every rank holding everything) is the anchor of
+//! the ratios.
 
 use super::anchor::{AnchorArgs, Row, check_python};
 use super::model::{parameter_count, random_model};
@@ -71,8 +73,9 @@ pub struct Args {
     #[arg(long)]
     peak_tflops: Option<f64>,
     /// Instead of the comparison with PyTorch: kart's step time and peak memory per rank in f32
-    /// unsharded (the anchor), with activation checkpointing, with ZeRO-2 sharding over
-    /// `--ranks` (at least 2) ranks besides, and the last two in bf16.
+    /// unsharded (the anchor), with activation checkpointing, with ZeRO-2 or full sharding over
+    /// `--ranks` (at least 2) ranks besides, then bf16 with checkpointing, unsharded and fully
+    /// sharded.
     #[arg(long)]
     memory: bool,
     /// The model: `bench` (46.5M parameters) or `qwen2.5-0.5b` (Qwen2.5-0.5B's shape, random
@@ -268,9 +271,8 @@ struct Stepped {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Run {
     threads: i64,
-    /// Each rank's peak memory over the steps (bytes): on the CPU the resident memory above what
-    /// the process held before it loaded the models, on a GPU the tensors the caching allocator
-    /// held (the models included).
+    /// Each rank's peak memory over the steps (bytes): the most bytes of tensors alive at once,
+    /// the models and optimiser states included.
     #[serde(default)]
     peak_bytes: Vec<u64>,
     #[serde(default)]
@@ -483,7 +485,8 @@ fn read(path: &Path) -> anyhow::Result<Run> {
 /// One rank of kart's side: the trainer's learner on the prepared model, its share of every step.
 fn worker(dir: &Path, steps: usize, device: Device) -> anyhow::Result<()> {
     let ranks = Ranks::from_env()?;
-    let host = peak::Meter::host()?;
+    // Counting CPU tensors starts here, before the models are loaded.
+    kart_torch::memory::cpu_peak(true);
     let batch: Batch = serde_json::from_slice(&std::fs::read(dir.join(BATCH))?)?;
     let mut config = batch.config(dir.join(MODEL), device);
     if let Ok(setup) = std::fs::read(dir.join(SETUP)) {
@@ -492,7 +495,7 @@ fn worker(dir: &Path, steps: usize, device: Device) -> anyhow::Result<()> {
     let mut learner = learner(&config, None, &ranks)?;
     let meter = match device {
         Device::Cuda => peak::Meter::cuda(ranks.local_rank)?,
-        _ => host,
+        _ => peak::Meter::cpu(),
     };
     let samples = batch.samples()?;
     let mut stepped = Vec::with_capacity(steps + 1);
@@ -567,7 +570,8 @@ struct MemoryRow {
 }
 
 /// `--memory`: kart alone, f32 unsharded (the anchor) against activation checkpointing, against
-/// checkpointing with ZeRO-2 sharding over the ranks, and the last two in bf16, on the same batch.
+/// checkpointing with ZeRO-2 or full sharding over the ranks, and bf16 with checkpointing,
+/// unsharded and fully sharded, on the same batch.
 fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
     let ranks = usize::from(args.ranks).max(2);
     if args.device == Device::Cuda && tch::Cuda::device_count() < ranks as i64 {
@@ -586,10 +590,11 @@ fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
         setup(Precision::F32, false, Sharding::None, 1),
         setup(Precision::F32, true, Sharding::None, 1),
         setup(Precision::F32, true, Sharding::Gradients, ranks),
+        setup(Precision::F32, true, Sharding::Full, ranks),
     ];
     if !args.skip_bf16 {
         setups.push(setup(Precision::Bf16, true, Sharding::None, 1));
-        setups.push(setup(Precision::Bf16, true, Sharding::Gradients, ranks));
+        setups.push(setup(Precision::Bf16, true, Sharding::Full, ranks));
     }
     let mut rows: Vec<MemoryRow> = Vec::new();
     for setup in setups {
@@ -648,22 +653,23 @@ fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The peak memory of a step: the process's resident memory on the CPU (Linux
-/// `/proc/self/status`), the caching allocator's tensors on a GPU.
+/// The peak memory of a step: the bytes of tensors alive at once, counted by kart's CPU
+/// allocator or read from the CUDA caching allocator. Either starts from the models and states
+/// alive when the meter starts, so the peak holds them.
 mod peak {
     /// Where the peak is read.
     pub(super) enum Meter {
-        /// `VmHWM` above the resident memory at the start (`VmRSS`, `baseline`).
-        Host { baseline: u64 },
+        /// kart's counting CPU allocator.
+        Cpu,
         /// The CUDA caching allocator's peak of device `index`.
         Cuda { index: usize },
     }
 
     impl Meter {
-        /// Resets the process's peak to its resident memory now, the baseline.
-        pub(super) fn host() -> anyhow::Result<Meter> {
-            std::fs::write("/proc/self/clear_refs", "5")?;
-            Ok(Meter::Host { baseline: status_bytes("VmRSS:")? })
+        /// Resets the CPU tensors' peak to the bytes alive now.
+        pub(super) fn cpu() -> Meter {
+            kart_torch::memory::cpu_peak(true);
+            Meter::Cpu
         }
 
         /// Resets the peak of CUDA device `index` to what its tensors hold now (the models).
@@ -675,23 +681,12 @@ mod peak {
         /// The peak since the meter started, in bytes.
         pub(super) fn peak(&self) -> anyhow::Result<u64> {
             match self {
-                Meter::Host { baseline } => Ok(status_bytes("VmHWM:")?.saturating_sub(*baseline)),
+                Meter::Cpu => Ok(kart_torch::memory::cpu_peak(false)),
                 Meter::Cuda { index } => {
                     kart_torch::memory::cuda_peak(*index, false).map_err(anyhow::Error::msg)
                 }
             }
         }
-    }
-
-    /// The bytes of `field` (`VmRSS:`, `VmHWM:`) in `/proc/self/status`.
-    fn status_bytes(field: &str) -> anyhow::Result<u64> {
-        let status = std::fs::read_to_string("/proc/self/status")?;
-        let kib = status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .ok_or_else(|| anyhow::anyhow!("/proc/self/status has no {field}"))?;
-        Ok(kib * 1024)
     }
 }
 
