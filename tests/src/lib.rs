@@ -1,8 +1,10 @@
 //! Helpers for kart's process-level tests: locating the built binaries and the shared test
-//! material, a small synthetic world to train on, and [`cluster`], a Kubernetes cluster simulated
-//! on this machine for end-to-end tests of the operator.
+//! material, a small synthetic world to train on, [`control_plane`], a real Kubernetes control
+//! plane on loopback, and [`cluster`], a Kubernetes cluster simulated on this machine for
+//! end-to-end tests of the operator.
 
 pub mod cluster;
+pub mod control_plane;
 
 use std::path::{Path, PathBuf};
 

