@@ -40,7 +40,7 @@ build() {
     echo "control-plane: building Kubernetes $version and etcd into $bin (minutes, once)" >&2
     local tmp="$bin.partial"
     rm -rf "$tmp" && mkdir -p "$tmp"
-    (cd "$module" && go build -trimpath -ldflags "$ld" -o "$tmp/" "${tools[@]}")
+    (cd "$module" && go build -trimpath -buildvcs=false -ldflags "$ld" -o "$tmp/" "${tools[@]}")
     mv "$tmp/server" "$tmp/etcd"
     for b in "${binaries[@]}"; do [ -x "$tmp/$b" ] || die "the build left no $b"; done
     rm -rf "$bin" && mv "$tmp" "$bin"

@@ -54,6 +54,31 @@ impl ControlPlane {
         Ok(kube::Client::try_from(config)?)
     }
 
+    /// A kubeconfig (written into the state folder as `name.kubeconfig`) that authenticates with
+    /// `token` instead of as the admin: a ServiceAccount's, from `kubectl create token`.
+    pub fn kubeconfig_with_token(&self, name: &str, token: &str) -> anyhow::Result<PathBuf> {
+        let admin = std::fs::read_to_string(&self.kubeconfig)?;
+        let (before, rest) = admin.split_once("    token: ").context("the admin kubeconfig has a token")?;
+        let after = rest.split_once('\n').map_or("", |(_, after)| after);
+        let path = self.dir.join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, format!("{before}    token: {token}\n{after}"))?;
+        Ok(path)
+    }
+
+    /// `scripts/helm.py args…` (Helm's library) against this control plane.
+    pub fn helm(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = Command::new(crate::python())
+            .arg(repo_root().join("scripts/helm.py"))
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output()
+            .context("running scripts/helm.py")?;
+        if !output.status.success() {
+            bail!("helm.py {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
     /// The file of component `name`'s log (`etcd`, `kube-apiserver`, …).
     pub fn log(&self, name: &str) -> PathBuf {
         self.dir.join("logs").join(format!("{name}.log"))

@@ -15,7 +15,9 @@ pub use retriever::{Retriever, RetrieverSpec, RetrieverStatus};
 pub use rollout_pool::{RolloutPool, RolloutPoolSpec, RolloutPoolStatus};
 pub use training_job::{TrainingJob, TrainingJobSpec, TrainingJobStatus};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
 use kube::CustomResourceExt;
 
 /// Every CRD of the operator.
@@ -23,8 +25,46 @@ pub fn all() -> Vec<CustomResourceDefinition> {
     let mut crds = vec![Retriever::crd(), RolloutPool::crd(), TrainingJob::crd()];
     for crd in &mut crds {
         drop_config_default(crd);
+        for version in &mut crd.spec.versions {
+            if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
+                drop_unknown_formats(schema);
+            }
+        }
     }
     crds
+}
+
+/// The `format`s the API server knows (k8s.io/apiextensions-apiserver's validation); it warns on
+/// every apply of a CRD with any other.
+const KUBERNETES_FORMATS: &[&str] =
+    &["int32", "int64", "float", "double", "byte", "date", "date-time", "duration"];
+
+/// Drops the formats the API server does not know from `schema` and everything below it: schemars
+/// marks unsigned integers `uint`, `uint16`, `uint32` or `uint64` (their `minimum: 0` stays).
+fn drop_unknown_formats(schema: &mut JSONSchemaProps) {
+    if schema.format.as_deref().is_some_and(|f| !KUBERNETES_FORMATS.contains(&f)) {
+        schema.format = None;
+    }
+    let below = schema
+        .properties
+        .iter_mut()
+        .flat_map(|p| p.values_mut())
+        .chain(schema.all_of.iter_mut().flatten())
+        .chain(schema.any_of.iter_mut().flatten())
+        .chain(schema.one_of.iter_mut().flatten())
+        .chain(schema.not.as_deref_mut())
+        .chain(match &mut schema.items {
+            Some(JSONSchemaPropsOrArray::Schema(item)) => vec![item.as_mut()],
+            Some(JSONSchemaPropsOrArray::Schemas(items)) => items.iter_mut().collect(),
+            None => Vec::new(),
+        })
+        .chain(match &mut schema.additional_properties {
+            Some(JSONSchemaPropsOrBool::Schema(value)) => Some(value.as_mut()),
+            _ => None,
+        });
+    for child in below {
+        drop_unknown_formats(child);
+    }
 }
 
 /// Drops the default of `spec.config`: the worker's serde defaults apply when it reads the
