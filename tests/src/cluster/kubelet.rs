@@ -26,8 +26,8 @@ use super::rootfs::RootFs;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe, Secret, SecretKeySelector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -254,6 +254,11 @@ pub struct Kubelet {
     /// The waiting status last reported for Pods that could not start, by uid.
     waiting: Mutex<HashMap<String, Value>>,
     exits: Arc<Mutex<Vec<Exit>>>,
+    /// The Node whose Pods this kubelet runs, against a real API server (none: every Pod, the
+    /// simulated cluster's way).
+    node: Option<String>,
+    /// Deleted Pods whose processes are being stopped, by uid.
+    stopping: Arc<Mutex<HashSet<String>>>,
 }
 
 /// `name=value` in `env`, replacing an earlier value (the last definition wins).
@@ -305,7 +310,17 @@ impl Kubelet {
             slots: Mutex::default(),
             waiting: Mutex::default(),
             exits: Arc::default(),
+            node: None,
+            stopping: Arc::default(),
         }
+    }
+
+    /// This kubelet as Node `name`'s against a real API server: it runs only the Pods the
+    /// scheduler bound to the Node, and a deleted Pod, which the API server keeps until its
+    /// kubelet confirms, is removed once its process has stopped.
+    pub fn on_node(mut self, name: &str) -> Kubelet {
+        self.node = Some(name.to_string());
+        self
     }
 
     fn pod_dir(&self, namespace: &str, name: &str) -> PathBuf {
@@ -423,9 +438,17 @@ impl Kubelet {
         }
     }
 
-    /// Stops the process of a deleted Pod: SIGTERM, SIGKILL after the grace period.
-    fn stop(&self, slot: Slot) {
-        let Some(mut child) = slot.process else { return };
+    /// Stops the process of a deleted Pod: SIGTERM, SIGKILL after the grace period; on a Node,
+    /// then removes the Pod.
+    fn stop(&self, uid: String, slot: Slot) {
+        let finalize = self.node.is_some().then(|| self.finalizer(uid.clone(), &slot.namespace, &slot.name));
+        self.stopping.lock().expect("stopping lock").insert(uid);
+        let Some(mut child) = slot.process else {
+            if let Some(finalize) = finalize {
+                tokio::spawn(finalize);
+            }
+            return;
+        };
         let exits = self.exits.clone();
         tokio::spawn(async move {
             if let Some(pid) = child.id() {
@@ -443,25 +466,63 @@ impl Kubelet {
                 let exit = Exit { namespace: slot.namespace, pod: slot.name, status, killed_after_grace };
                 exits.lock().expect("exits lock").push(exit);
             }
+            if let Some(finalize) = finalize {
+                finalize.await;
+            }
         });
+    }
+
+    /// What removes deleted Pod `namespace/name` (uid `uid`) from the API server once it has
+    /// stopped, as a kubelet confirms a deletion: a delete with no grace period, for that uid.
+    fn finalizer(&self, uid: String, namespace: &str, name: &str) -> impl Future<Output = ()> + use<> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
+        let (name, stopping) = (name.to_string(), self.stopping.clone());
+        async move {
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions { uid: Some(uid.clone()), resource_version: None }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Err(e) => eprintln!("kubelet: removing pod {name}: {e}"),
+            }
+            stopping.lock().expect("stopping lock").remove(&uid);
+        }
     }
 
     /// One pass: stops the processes of deleted Pods, starts new Pods, notices exits, probes and
     /// reports every status that changed.
     pub async fn sync(&self) -> anyhow::Result<()> {
-        let pods = Api::<Pod>::all(self.client.clone()).list(&ListParams::default()).await?.items;
+        let params = match &self.node {
+            Some(node) => ListParams::default().fields(&format!("spec.nodeName={node}")),
+            None => ListParams::default(),
+        };
+        let pods = Api::<Pod>::all(self.client.clone()).list(&params).await?.items;
         let live: HashSet<&str> = pods
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter_map(|p| p.metadata.uid.as_deref())
             .collect();
-        let gone: Vec<Slot> = {
+        let gone: Vec<(String, Slot)> = {
             let mut slots = self.slots.lock().expect("slots lock");
             let uids: Vec<String> = slots.keys().filter(|u| !live.contains(u.as_str())).cloned().collect();
-            uids.iter().filter_map(|u| slots.remove(u)).collect()
+            uids.into_iter().filter_map(|u| slots.remove(&u).map(|slot| (u, slot))).collect()
         };
-        for slot in gone {
-            self.stop(slot);
+        for (uid, slot) in gone {
+            self.stop(uid, slot);
+        }
+        if self.node.is_some() {
+            // Deleted Pods that never ran here (or were stopped before) go at once.
+            for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_some()) {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                let busy = self.stopping.lock().expect("stopping lock").contains(&uid)
+                    || self.slots.lock().expect("slots lock").contains_key(&uid);
+                if !busy {
+                    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+                    self.finalizer(uid, &namespace, &pod.name_any()).await;
+                }
+            }
         }
         self.waiting.lock().expect("waiting lock").retain(|uid, _| live.contains(uid.as_str()));
 

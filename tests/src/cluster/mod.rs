@@ -14,6 +14,7 @@ pub mod deployments;
 pub mod jobs;
 pub mod kubelet;
 pub mod network;
+pub mod node;
 pub mod objects;
 pub mod operator;
 pub mod rootfs;

@@ -8,11 +8,17 @@
 //! container names another) is a file there too. A container's absolute paths under a mount point
 //! then become paths under the root: the harness prefixes them in the command, the args, the
 //! environment values and the string values of the ConfigMap files that are JSON; nothing else
-//! changes. Not simulated: `subPath`, read-only mounts (they are writable), other volume sources.
+//! changes. A projected volume (the service account volume every Pod gets: a token bound to the
+//! Pod, the cluster's CA, the namespace) is written as files too. Not simulated: `subPath`,
+//! read-only mounts (they are writable), other volume sources.
 
 use anyhow::{Context, anyhow, bail};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, PersistentVolumeClaim, Pod, ServiceAccount, VolumeProjection,
+};
 use kube::Api;
+use kube::api::PostParams;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -80,9 +86,16 @@ impl RootFs {
                 let folder = pod_dir.join("volumes").join(&volume.name);
                 std::fs::create_dir_all(&folder)?;
                 folder
+            } else if let Some(source) = &volume.projected {
+                let folder = pod_dir.join("volumes").join(&volume.name);
+                std::fs::create_dir_all(&folder)?;
+                for source in source.sources.iter().flatten() {
+                    project(client, pod, source, &folder).await?;
+                }
+                folder
             } else {
                 bail!(
-                    "volume {}: only configMap, persistentVolumeClaim, hostPath and emptyDir are simulated",
+                    "volume {}: only configMap, persistentVolumeClaim, hostPath, emptyDir and projected are simulated",
                     volume.name
                 );
             };
@@ -143,6 +156,70 @@ impl RootFs {
             _ => {}
         }
     }
+}
+
+/// Writes one source of a projected volume into `folder`: a token of the Pod's ServiceAccount
+/// bound to the Pod (the TokenRequest API, as a kubelet asks for it), a ConfigMap's keys, or the
+/// Pod's name, namespace or uid (the service account volume every Pod gets holds all three kinds).
+async fn project(
+    client: &kube::Client,
+    pod: &Pod,
+    source: &VolumeProjection,
+    folder: &Path,
+) -> anyhow::Result<()> {
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    if let Some(token) = &source.service_account_token {
+        let account =
+            pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or("default".into());
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: token.audience.iter().cloned().collect(),
+                expiration_seconds: token.expiration_seconds,
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: pod.metadata.name.clone(),
+                    uid: pod.metadata.uid.clone(),
+                }),
+            },
+            ..TokenRequest::default()
+        };
+        let issued = Api::<ServiceAccount>::namespaced(client.clone(), &namespace)
+            .create_token_request(&account, &PostParams::default(), &request)
+            .await
+            .with_context(|| format!("a token of serviceaccount {account:?}"))?;
+        let token_text = issued.status.map(|s| s.token).unwrap_or_default();
+        std::fs::write(folder.join(&token.path), token_text)?;
+    } else if let Some(source) = &source.config_map {
+        let map = Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+            .get_opt(&source.name)
+            .await?
+            .ok_or_else(|| anyhow!("configmap \"{}\" not found", source.name))?;
+        let data = map.data.unwrap_or_default();
+        let items: Vec<(String, String)> = match &source.items {
+            Some(items) => items.iter().map(|i| (i.key.clone(), i.path.clone())).collect(),
+            None => data.keys().map(|k| (k.clone(), k.clone())).collect(),
+        };
+        for (key, path) in items {
+            let text =
+                data.get(&key).ok_or_else(|| anyhow!("configmap {:?} has no key {key:?}", source.name))?;
+            std::fs::write(folder.join(path), text)?;
+        }
+    } else if let Some(source) = &source.downward_api {
+        for item in source.items.iter().flatten() {
+            let meta = &pod.metadata;
+            let value = match item.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                Some("metadata.namespace") => meta.namespace.clone(),
+                Some("metadata.name") => meta.name.clone(),
+                Some("metadata.uid") => meta.uid.clone(),
+                other => bail!("downwardAPI {other:?}: only the Pod's namespace, name and uid are simulated"),
+            };
+            std::fs::write(folder.join(&item.path), value.unwrap_or_default())?;
+        }
+    } else {
+        bail!("projected volume: only serviceAccountToken, configMap and downwardAPI sources are simulated");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
