@@ -21,14 +21,20 @@ fn eventually<T>(seconds: u64, what: &str, mut check: impl FnMut() -> Option<T>)
     }
 }
 
-/// Starts `kart-operator run` with `kubeconfig` and `args`, logging to `log`.
+/// Starts `kart-operator run` with `kubeconfig` and `args`, logging to `log`, as Pod
+/// `kart-operator-0` (its leader-election identity).
 fn start_operator(kubeconfig: &Path, log: &Path, args: &[&str]) -> kart_tests::Child {
+    start_operator_as("kart-operator-0", kubeconfig, log, args)
+}
+
+/// [`start_operator`] with the identity `pod`.
+fn start_operator_as(pod: &str, kubeconfig: &Path, log: &Path, args: &[&str]) -> kart_tests::Child {
     let mut command = Command::new(binary("kart-operator"));
     command
         .args(["run", "--http-port", &free_port().to_string(), "--log-format", "text"])
         .args(args)
         .env("KUBECONFIG", kubeconfig)
-        .env("POD_NAME", "kart-operator-0")
+        .env("POD_NAME", pod)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap());
     kart_tests::Child(command.spawn().unwrap())
@@ -36,16 +42,27 @@ fn start_operator(kubeconfig: &Path, log: &Path, args: &[&str]) -> kart_tests::C
 
 /// A BM25 Retriever `wiki` and a RolloutPool `pool` of two embedded-engine workers in `namespace`.
 fn apply_pool(cp: &ControlPlane, namespace: &str) {
+    apply_pool_named(cp, namespace, "pool");
+}
+
+/// [`apply_pool`] with the RolloutPool named `pool`.
+fn apply_pool_named(cp: &ControlPlane, namespace: &str, pool: &str) {
     let resources = r#"{"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "kart.dev/v1alpha1", "kind": "Retriever", "metadata": {"name": "wiki"},
          "spec": {"config": {"method": "bm25", "topk": 3}, "corpus": "/data/corpus.jsonl", "index": {"size": "1Gi"}}},
-        {"apiVersion": "kart.dev/v1alpha1", "kind": "RolloutPool", "metadata": {"name": "pool"},
+        {"apiVersion": "kart.dev/v1alpha1", "kind": "RolloutPool", "metadata": {"name": "POOL"},
          "spec": {"replicas": 2, "retrieverRef": "wiki",
                   "config": {"model": "/models/tiny-qwen2", "engine": {"kind": "embedded"},
                              "env": {"kind": "search-r1", "max_turns": 2}}}}]}"#;
-    let path = cp.dir.join(format!("resources-{namespace}.json"));
-    std::fs::write(&path, resources).unwrap();
+    let path = cp.dir.join(format!("resources-{namespace}-{pool}.json"));
+    std::fs::write(&path, resources.replace("POOL", pool)).unwrap();
     cp.run_kubectl(&["apply", "-n", namespace, "-f", &path.display().to_string()]).unwrap();
+}
+
+/// How many Pods of RolloutPool `pool`'s Deployment there are in `namespace`.
+fn pool_pods(cp: &ControlPlane, namespace: &str, pool: &str) -> usize {
+    let pods = cp.run_kubectl(&["get", "pods", "-n", namespace, "-o", "name"]).unwrap_or_default();
+    pods.lines().filter(|p| p.starts_with(&format!("pod/{pool}-"))).count()
 }
 
 /// Applies crds/ and waits until the three CRDs are established; the API server warns of nothing
@@ -224,8 +241,7 @@ fn helm_installs_the_chart_and_the_operator_works_under_its_rbac() {
     apply_pool(&cp, "ml");
     let operator_log = || std::fs::read_to_string(&log).unwrap_or_default();
     eventually(120, "the pool's Pods, reconciled under the chart's RBAC", || {
-        let pods = cp.run_kubectl(&["get", "pods", "-n", "ml", "-o", "name"]).ok()?;
-        (pods.lines().filter(|p| p.starts_with("pod/pool-")).count() == 2).then_some(())
+        (pool_pods(&cp, "ml", "pool") == 2).then_some(())
     });
     let holder = cp
         .run_kubectl(&[
@@ -293,4 +309,62 @@ fn the_node_agent_runs_what_the_scheduler_binds_to_it() {
         let left = cp.run_kubectl(&["get", "pods", "-l", "job-name=version", "-o", "name"]).ok()?;
         left.trim().is_empty().then_some(())
     });
+}
+
+/// Two operator replicas elect one leader on a real Lease: the leader reconciles, and when it is
+/// killed (SIGKILL, no release) the other takes the Lease once it expires and reconciles what
+/// arrives next.
+#[test]
+fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::up(dir.path()).unwrap();
+    install_crds(&cp);
+    let namespace = "ops";
+    cp.run_kubectl(&["create", "namespace", namespace]).unwrap();
+    let args = ["--lease-namespace", namespace, "--lease-duration-seconds", "5"];
+    let log = |id: &str| dir.path().join(format!("{id}.log"));
+    let mut replicas: Vec<(String, Option<kart_tests::Child>)> = ["op-a", "op-b"]
+        .into_iter()
+        .map(|id| (id.to_string(), Some(start_operator_as(id, &cp.kubeconfig, &log(id), &args))))
+        .collect();
+    let holder = || {
+        cp.run_kubectl(&[
+            "get",
+            "lease",
+            "kart-operator",
+            "-n",
+            namespace,
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+        .ok()
+        .filter(|h| !h.is_empty())
+    };
+    let first = eventually(60, "a leader", holder);
+    apply_pool_named(&cp, namespace, "first");
+    eventually(120, "the leader reconciling the first pool", || {
+        (pool_pods(&cp, namespace, "first") == 2).then_some(())
+    });
+
+    let (_, leader) = replicas.iter_mut().find(|(id, _)| *id == first).expect("the leader is a replica");
+    drop(leader.take());
+    let second =
+        eventually(60, "the other replica taking the expired Lease", || holder().filter(|h| *h != first));
+    assert!(["op-a", "op-b"].contains(&second.as_str()), "{second}");
+    apply_pool_named(&cp, namespace, "second");
+    eventually(120, "the new leader reconciling the second pool", || {
+        (pool_pods(&cp, namespace, "second") == 2).then_some(())
+    });
+    let transitions = cp
+        .run_kubectl(&[
+            "get",
+            "lease",
+            "kart-operator",
+            "-n",
+            namespace,
+            "-o",
+            "jsonpath={.spec.leaseTransitions}",
+        ])
+        .unwrap();
+    assert!(transitions.parse::<u32>().unwrap() >= 1, "{transitions}");
 }
