@@ -65,6 +65,14 @@ fn pool_pods(cp: &ControlPlane, namespace: &str, pool: &str) -> usize {
     pods.lines().filter(|p| p.starts_with(&format!("pod/{pool}-"))).count()
 }
 
+/// A control plane in `dir` with kart's CRDs and the namespace `namespace`.
+fn with_crds_and_namespace(dir: &Path, namespace: &str) -> ControlPlane {
+    let cp = ControlPlane::up(dir).unwrap();
+    install_crds(&cp);
+    cp.run_kubectl(&["create", "namespace", namespace]).unwrap();
+    cp
+}
+
 /// Applies crds/ and waits until the three CRDs are established; the API server warns of nothing
 /// in them (an unknown `format`, for one).
 fn install_crds(cp: &ControlPlane) {
@@ -147,15 +155,13 @@ fn crds_examples_cel_rules_and_subresources_on_a_real_api_server() {
 
 /// The operator, out of the cluster with the admin's kubeconfig, reconciles a RolloutPool: the
 /// API server accepts every child it applies, the real Deployment and ReplicaSet controllers make
-/// the Pods (Pending: this control plane has no node), and deleting the pool lets the real
-/// garbage collector remove every child through their owner references.
+/// the Pods, and deleting the pool lets the real garbage collector remove every child through
+/// their owner references (the node agent confirming the Pods' deletion).
 #[test]
 fn the_operator_reconciles_and_the_real_controllers_take_over() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::up(dir.path()).unwrap();
-    install_crds(&cp);
     let namespace = "kart";
-    cp.run_kubectl(&["create", "namespace", namespace]).unwrap();
+    let cp = with_crds_and_namespace(dir.path(), namespace);
 
     let log = dir.path().join("operator.log");
     let args = ["--namespace", namespace, "--lease-namespace", namespace];
@@ -223,7 +229,7 @@ fn helm_installs_the_chart_and_the_operator_works_under_its_rbac() {
     }
     cp.run_kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.kart.dev"])
         .unwrap();
-    eventually(60, "the chart's operator Pod (Pending: no node)", || {
+    eventually(60, "the chart's operator Pod (scheduled; its image is not one the node agent runs)", || {
         let pods = cp.run_kubectl(&["get", "pods", "-n", "kart-system", "-o", "name"]).ok()?;
         pods.contains("pod/kart-operator-").then_some(())
     });
@@ -317,10 +323,8 @@ fn the_node_agent_runs_what_the_scheduler_binds_to_it() {
 #[test]
 fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::up(dir.path()).unwrap();
-    install_crds(&cp);
     let namespace = "ops";
-    cp.run_kubectl(&["create", "namespace", namespace]).unwrap();
+    let cp = with_crds_and_namespace(dir.path(), namespace);
     let args = ["--lease-namespace", namespace, "--lease-duration-seconds", "5"];
     let log = |id: &str| dir.path().join(format!("{id}.log"));
     let mut replicas: Vec<(String, Option<kart_tests::Child>)> = ["op-a", "op-b"]
