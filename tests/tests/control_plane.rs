@@ -319,7 +319,7 @@ fn the_node_agent_runs_what_the_scheduler_binds_to_it() {
 
 /// Two operator replicas elect one leader on a real Lease: the leader reconciles, and when it is
 /// killed (SIGKILL, no release) the other takes the Lease once it expires and reconciles what
-/// arrives next.
+/// arrives next, down to `kubectl scale rp` resizing the workers.
 #[test]
 fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
     let dir = tempfile::tempdir().unwrap();
@@ -371,4 +371,11 @@ fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
         ])
         .unwrap();
     assert!(transitions.parse::<u32>().unwrap() >= 1, "{transitions}");
+
+    // `kubectl scale rp` resizes the workers: the scale subresource, the operator, the
+    // Deployment and ReplicaSet controllers, the scheduler and the node, all for real.
+    cp.run_kubectl(&["scale", "rp", "second", "-n", namespace, "--replicas", "3"]).unwrap();
+    eventually(120, "three workers of the scaled pool", || {
+        (pool_pods(&cp, namespace, "second") == 3).then_some(())
+    });
 }
