@@ -18,15 +18,21 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// Starts a control plane with its state in `dir` (the binaries are built first if the cache
-    /// lacks them); returns once the API answers and the default service account exists.
+    /// lacks them); returns once the API answers, the default service account exists and the
+    /// node agent's Node is registered. A second attempt follows a failed one: the script picks
+    /// free ports a moment before its servers bind them, and a test beside this one may take one.
     pub fn up(dir: &Path) -> anyhow::Result<ControlPlane> {
-        std::fs::create_dir_all(dir)?;
-        let output = script(&["up", &dir.display().to_string()])?;
-        if !output.status.success() {
-            let _ = script(&["down", &dir.display().to_string()]);
-            bail!("control-plane.sh up failed: {}", String::from_utf8_lossy(&output.stderr));
+        let mut failures = Vec::new();
+        for attempt in ["first", "second"] {
+            let state = dir.join(attempt);
+            std::fs::create_dir_all(&state)?;
+            let output = script(&["up", &state.display().to_string()])?;
+            if output.status.success() {
+                return Ok(ControlPlane { kubeconfig: state.join("kubeconfig"), dir: state });
+            }
+            failures.push(String::from_utf8_lossy(&output.stderr).into_owned());
         }
-        Ok(ControlPlane { dir: dir.to_path_buf(), kubeconfig: dir.join("kubeconfig") })
+        bail!("control-plane.sh up failed twice: {}", failures.join("\n"))
     }
 
     /// `kubectl` with this control plane's kubeconfig.
