@@ -78,7 +78,8 @@ if ! command -v openssl >/dev/null; then
 fi
 # The Kubernetes control plane of the operator tests, built from its Go modules (cached outside
 # the clone; minutes the first time, nothing after).
-echo "setup: control plane binaries in $(bash "$root/scripts/control-plane.sh" build)"
+control_plane="$(bash "$root/scripts/control-plane.sh" build)"
+echo "setup: control plane binaries in $control_plane"
 
 # shellcheck source=env.sh
 source "$root/scripts/env.sh"
