@@ -3,7 +3,7 @@ project venv), for machines without the helm binary: the tests install charts/ka
 control plane with it, and a user can do the same by hand.
 
     .venv/bin/python scripts/helm.py install kart charts/kart --namespace kart-system \
-        --create-namespace [--set key=value ...] [--wait SECONDS]
+        --create-namespace [--set key=value ...]
     .venv/bin/python scripts/helm.py uninstall kart --namespace kart-system
 
 The cluster is the one `KUBECONFIG` (or `--kubeconfig`) names. Prints the release's status.
@@ -26,8 +26,6 @@ def main() -> int:
     install.add_argument("--create-namespace", action="store_true")
     install.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                          help="a value, as helm's --set reads it (repeatable)")
-    install.add_argument("--wait", type=int, metavar="SECONDS",
-                         help="wait until the release's resources are ready, at most this long")
     uninstall = commands.add_parser("uninstall", help="uninstall a release")
     uninstall.add_argument("name")
     uninstall.add_argument("--namespace", default="default")
@@ -45,8 +43,6 @@ def main() -> int:
                     values,
                     namespace=args.namespace,
                     create_namespace=args.create_namespace,
-                    wait="watcher" if args.wait else None,
-                    timeout=args.wait,
                 )
                 print(f"{release['name']}: {release['status']} (revision {release['revision']})")
             else:

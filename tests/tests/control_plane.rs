@@ -59,6 +59,12 @@ fn apply_pool_named(cp: &ControlPlane, namespace: &str, pool: &str) {
     cp.run_kubectl(&["apply", "-n", namespace, "-f", &path.display().to_string()]).unwrap();
 }
 
+/// Field `field` of the spec of the operator's Lease `kart-operator` in `namespace`.
+fn lease(cp: &ControlPlane, namespace: &str, field: &str) -> anyhow::Result<String> {
+    let jsonpath = format!("jsonpath={{.spec.{field}}}");
+    cp.run_kubectl(&["get", "lease", "kart-operator", "-n", namespace, "-o", &jsonpath])
+}
+
 /// How many Pods of RolloutPool `pool`'s Deployment there are in `namespace`.
 fn pool_pods(cp: &ControlPlane, namespace: &str, pool: &str) -> usize {
     let pods = cp.run_kubectl(&["get", "pods", "-n", namespace, "-o", "name"]).unwrap_or_default();
@@ -202,7 +208,7 @@ fn the_operator_reconciles_and_the_real_controllers_take_over() {
     assert!(retriever.iter().any(|n| n.contains("wiki")), "the retriever's children stay: {retriever:?}");
 }
 
-/// `helm install` of charts/kart with Helm's library: the CRDs, the operator's ServiceAccount,
+/// `helm install` of charts/kart with Helm's library (a `--set` value reaching the chart): the CRDs, the operator's ServiceAccount,
 /// RBAC, Service, NetworkPolicies and Deployment are admitted by the real API server. The operator
 /// then runs as that ServiceAccount (its token from the TokenRequest API) with the chart's
 /// arguments, so its ClusterRole is what it can do: it reconciles a RolloutPool in another
@@ -221,9 +227,21 @@ fn helm_installs_the_chart_and_the_operator_works_under_its_rbac() {
             "--namespace",
             "kart-system",
             "--create-namespace",
+            "--set",
+            "replicaCount=2",
         ])
         .unwrap();
     assert!(installed.contains("kart: deployed (revision 1)"), "{installed}");
+    let replicas = cp.run_kubectl(&[
+        "get",
+        "deploy",
+        "kart-operator",
+        "-n",
+        "kart-system",
+        "-o",
+        "jsonpath={.spec.replicas}",
+    ]);
+    assert_eq!(replicas.unwrap(), "2", "--set replicaCount=2 reached the chart");
     for object in ["serviceaccount/kart-operator", "deployment/kart-operator", "service/kart-operator"] {
         cp.run_kubectl(&["get", "-n", "kart-system", object]).unwrap();
     }
@@ -249,17 +267,7 @@ fn helm_installs_the_chart_and_the_operator_works_under_its_rbac() {
     eventually(120, "the pool's Pods, reconciled under the chart's RBAC", || {
         (pool_pods(&cp, "ml", "pool") == 2).then_some(())
     });
-    let holder = cp
-        .run_kubectl(&[
-            "get",
-            "lease",
-            "kart-operator",
-            "-n",
-            "kart-system",
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ])
-        .unwrap();
+    let holder = lease(&cp, "kart-system", "holderIdentity").unwrap();
     assert_eq!(holder, "kart-operator-0");
     assert!(!operator_log().contains("forbidden"), "a request the chart's RBAC refused:\n{}", operator_log());
 
@@ -331,19 +339,7 @@ fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
         .into_iter()
         .map(|id| (id.to_string(), Some(start_operator_as(id, &cp.kubeconfig, &log(id), &args))))
         .collect();
-    let holder = || {
-        cp.run_kubectl(&[
-            "get",
-            "lease",
-            "kart-operator",
-            "-n",
-            namespace,
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ])
-        .ok()
-        .filter(|h| !h.is_empty())
-    };
+    let holder = || lease(&cp, namespace, "holderIdentity").ok().filter(|h| !h.is_empty());
     let first = eventually(60, "a leader", holder);
     apply_pool_named(&cp, namespace, "first");
     eventually(120, "the leader reconciling the first pool", || {
@@ -359,17 +355,7 @@ fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
     eventually(120, "the new leader reconciling the second pool", || {
         (pool_pods(&cp, namespace, "second") == 2).then_some(())
     });
-    let transitions = cp
-        .run_kubectl(&[
-            "get",
-            "lease",
-            "kart-operator",
-            "-n",
-            namespace,
-            "-o",
-            "jsonpath={.spec.leaseTransitions}",
-        ])
-        .unwrap();
+    let transitions = lease(&cp, namespace, "leaseTransitions").unwrap();
     assert!(transitions.parse::<u32>().unwrap() >= 1, "{transitions}");
 
     // `kubectl scale rp` resizes the workers: the scale subresource, the operator, the

@@ -76,10 +76,7 @@ impl Optimizer {
     /// decoder layers) reduce-scatters the gradients into this rank's slice and drops them.
     pub fn after_micro_batch(&mut self, parallel: Option<&DataParallel>) -> Result<(), DistError> {
         match (self, parallel) {
-            (o @ Optimizer::Sharded(_), Some(p)) if o.reduces_per_micro_batch() => {
-                let Optimizer::Sharded(o) = o else { unreachable!() };
-                o.reduce(p)
-            }
+            (Optimizer::Sharded(o), Some(p)) if o.sharding != Sharding::Optimizer => o.reduce(p),
             _ => Ok(()),
         }
     }
