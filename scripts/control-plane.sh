@@ -19,7 +19,10 @@
 #
 # kart's node agent (`kart-node`, of the tests crate; $KART_NODE_AGENT, default the cargo target
 # folder's release/kart-node) registers Node `kart-node` as system:node:kart-node and runs the Pods
-# bound to it as local processes of the `kart` binaries beside it.
+# bound to it as local processes of the `kart` binaries beside it. It also provisions the volumes
+# of StorageClass `kart-local` (the default class; folders of the node, as rancher's
+# local-path-provisioner makes them), as user kart-node-provisioner bound to Kubernetes' own
+# ClusterRole system:persistent-volume-provisioner.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 module="$here/control-plane"
@@ -103,6 +106,14 @@ wait_ready() {
   done
 }
 
+# Creates the object `body` (JSON) at API path `path` as the admin.
+create() {
+  local dir="$1" port="$2" token="$3" path="$4" body="$5"
+  curl -fsS --cacert "$dir/pki/apiserver.crt" -H "Authorization: Bearer $token" \
+    -H 'Content-Type: application/json' -X POST --data "$body" "https://127.0.0.1:$port$path" >/dev/null \
+    || die "creating $path: see $dir/logs/kube-apiserver.log"
+}
+
 up() {
   local dir="$1"
   [ ! -s "$dir/pids" ] || die "$dir already holds a running control plane (down it first)"
@@ -115,14 +126,15 @@ up() {
   command -v openssl >/dev/null || die "openssl is required (service account keys)"
   [ -f "$dir/pki/sa.key" ] || openssl genrsa -out "$dir/pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$dir/pki/sa.key" -pubout -out "$dir/pki/sa.pub" 2>/dev/null
-  local admin cm scheduler node
+  local admin cm scheduler node provisioner
   admin="$(openssl rand -hex 16)"; cm="$(openssl rand -hex 16)"; scheduler="$(openssl rand -hex 16)"
-  node="$(openssl rand -hex 16)"
+  node="$(openssl rand -hex 16)"; provisioner="$(openssl rand -hex 16)"
   cat >"$dir/tokens.csv" <<EOF
 $admin,kart-admin,kart-admin,"system:masters"
 $cm,system:kube-controller-manager,system:kube-controller-manager
 $scheduler,system:kube-scheduler,system:kube-scheduler
 $node,system:node:kart-node,system:node:kart-node,"system:nodes"
+$provisioner,kart-node-provisioner,kart-node-provisioner
 EOF
   local etcd_port peer_port api_port
   etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"
@@ -151,6 +163,19 @@ EOF
   kubeconfig "$dir" "$api_port" system:kube-controller-manager "$cm" >"$dir/controller-manager.kubeconfig"
   kubeconfig "$dir" "$api_port" system:kube-scheduler "$scheduler" >"$dir/scheduler.kubeconfig"
   kubeconfig "$dir" "$api_port" system:node:kart-node "$node" >"$dir/node.kubeconfig"
+  kubeconfig "$dir" "$api_port" kart-node-provisioner "$provisioner" >"$dir/provisioner.kubeconfig"
+
+  # The node's storage: the default StorageClass, and its provisioner's permissions.
+  create "$dir" "$api_port" "$admin" /apis/storage.k8s.io/v1/storageclasses '{"apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass", "metadata": {"name": "kart-local",
+    "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+    "provisioner": "kart.dev/node-local", "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}'
+  create "$dir" "$api_port" "$admin" /apis/rbac.authorization.k8s.io/v1/clusterrolebindings '{
+    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+    "metadata": {"name": "kart-node-provisioner"},
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                "name": "system:persistent-volume-provisioner"},
+    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "kart-node-provisioner"}]}'
 
   start "$dir" kube-controller-manager --kubeconfig "$dir/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$dir/controller-manager.kubeconfig" \
@@ -165,7 +190,8 @@ EOF
   # kart's node agent, when built: Node `kart-node`, running its Pods as local processes.
   if [ -x "$node_agent" ]; then
     mkdir -p "$dir/node"
-    bin="$(dirname "$node_agent")" start "$dir" kart-node --kubeconfig "$dir/node.kubeconfig" --dir "$dir/node"
+    bin="$(dirname "$node_agent")" start "$dir" kart-node --kubeconfig "$dir/node.kubeconfig" \
+      --provisioner-kubeconfig "$dir/provisioner.kubeconfig" --dir "$dir/node"
   else
     echo "control-plane: no node agent at $node_agent (cargo build --release -p kart-tests --bins): Pods stay Pending" >&2
   fi

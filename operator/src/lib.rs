@@ -8,8 +8,11 @@
 //!   children report (pure);
 //! - [`controller`]: the reconcilers and their shared context;
 //! - [`metrics`], [`server`]: the operator's own metrics and its HTTP endpoints;
-//! - [`leader`]: leader election on a Lease;
-//! - `testing` (feature `testing`): an in-process stateful fake API server.
+//! - [`leader`]: leader election on a Lease.
+//!
+//! Its integration tests run against a real control plane (`tests/tests/control_plane.rs` and
+//! `operator_e2e.rs`); this crate's own tests check one reconciliation's requests against a mock
+//! service (`tests/verify.rs`).
 
 pub mod build;
 pub mod controller;
@@ -18,5 +21,3 @@ pub mod leader;
 pub mod metrics;
 pub mod server;
 pub mod status;
-#[cfg(feature = "testing")]
-pub mod testing;

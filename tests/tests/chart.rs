@@ -2,18 +2,15 @@
 //! `deploy/`: rendered and linted with Helm's own library, validated against the Kubernetes and CRD
 //! schemas and the worker's config types, their PromQL parsed by promtool, every metric they use
 //! checked against what running kart processes export (the operator among them, reconciling
-//! against the fake API server), and the processes scraped by a real Prometheus server that also
+//! against a real control plane), and the processes scraped by a real Prometheus server that also
 //! evaluates the alerting rules.
 
 use kart_core::config::retriever::RetrieverConfig;
 use kart_core::config::rollout::RolloutConfig;
 use kart_core::config::train::TrainConfig;
-use kart_operator::crd::{Retriever, TrainingJob};
-use kart_tests::cluster::apiserver::ApiServer;
-use kart_tests::cluster::operator::Operator;
+use kart_tests::control_plane::ControlPlane;
+use kart_tests::operator::Operator;
 use kart_tests::{Child, binary, free_port, python, repo_root, shared_dir, wait_ready};
-use kube::Api;
-use kube::api::PostParams;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -217,8 +214,8 @@ fn poll<T>(what: &str, deadline: Duration, mut f: impl FnMut() -> Option<T>) -> 
 /// Running kart processes on loopback, with traffic that exercises their metrics.
 struct Kart {
     _children: Vec<Child>,
-    /// The operator, the fake API server it reconciles against and the runtime serving that.
-    _operator: (Operator, ApiServer, tokio::runtime::Runtime),
+    /// The operator and the control plane it reconciles against.
+    _operator: (Operator, ControlPlane),
     /// Each scraped process: its name and `/metrics` URL.
     targets: Vec<(&'static str, String)>,
 }
@@ -357,42 +354,39 @@ fn start_kart(dir: &Path) -> Kart {
     }
 }
 
-/// `kart-operator` against the fake API server, once it has reconciled a Retriever (its first
-/// attempt failing on an injected server error, so the error counter has a series) and a
-/// TrainingJob waiting for that Retriever (no kubelet runs its pods).
-fn start_operator(dir: &Path) -> (Operator, ApiServer, tokio::runtime::Runtime) {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let api = runtime.block_on(ApiServer::start(dir, "ml")).unwrap();
-    api.server.fail(axum::http::Method::PATCH, "/configmaps/web-retriever", 500, 1);
-    let operator = Operator::start(&api, dir, "ml", 10, None).unwrap();
-    let retriever: Retriever = serde_json::from_value(json!({
-        "apiVersion": "kart.dev/v1alpha1", "kind": "Retriever", "metadata": {"name": "web", "namespace": "ml"},
-        "spec": {"config": {"method": "serper"}},
-    }))
-    .unwrap();
-    let job: TrainingJob = serde_json::from_value(json!({
-        "apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "run", "namespace": "ml"},
-        "spec": {"retrieverRef": "web",
-                 "config": {"model": "/models/qwen", "data": {"train": "/data/train.parquet"}, "total_steps": 5}},
-    }))
-    .unwrap();
-    runtime.block_on(async {
-        let client = api.server.client("ml");
-        let post = PostParams::default();
-        Api::<Retriever>::namespaced(client.clone(), "ml").create(&post, &retriever).await.unwrap();
-        Api::<TrainingJob>::namespaced(client, "ml").create(&post, &job).await.unwrap();
-    });
+/// `kart-operator` against a real control plane, once it has reconciled a Retriever (failing:
+/// a ResourceQuota of no ConfigMaps makes the API server refuse its config, so the error counter
+/// has a series) and a TrainingJob waiting for that Retriever.
+fn start_operator(dir: &Path) -> (Operator, ControlPlane) {
+    let cp = ControlPlane::up(&dir.join("control-plane")).unwrap();
+    cp.install_crds().unwrap();
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}},
+        {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-configmaps", "namespace": "ml"},
+         "spec": {"hard": {"count/configmaps": "0"}}},
+        {"apiVersion": "kart.dev/v1alpha1", "kind": "Retriever", "metadata": {"name": "web", "namespace": "ml"},
+         "spec": {"config": {"method": "serper"}}},
+        {"apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "run", "namespace": "ml"},
+         "spec": {"retrieverRef": "web",
+                  "config": {"model": "/models/qwen", "data": {"train": "/data/train.parquet"}, "total_steps": 5}}},
+    ]});
+    let path = dir.join("objects.json");
+    std::fs::write(&path, objects.to_string()).unwrap();
+    cp.run_kubectl(&["apply", "-f", &path.display().to_string()]).unwrap();
+    let args = ["--namespace", "ml", "--lease-namespace", "ml", "--status-poll-seconds", "10"];
+    let operator =
+        Operator::start(&cp.kubeconfig, "kart-operator-0", &dir.join("operator.log"), &args, None).unwrap();
     let client = reqwest::blocking::Client::new();
     let url = format!("{}/metrics", operator.url);
     poll("the operator's metrics of both reconcilers", Duration::from_secs(60), || {
         let page = client.get(&url).send().ok()?.text().ok()?;
         let seen = [
-            r#"kart_operator_reconcile_errors_total{controller="retriever",reason="server_error"} 1"#,
+            r#"kart_operator_reconcile_errors_total{controller="retriever",reason="api"}"#,
             r#"kart_operator_training_jobs{phase="WaitingForDependencies"} 1"#,
         ];
         seen.iter().all(|s| page.contains(s)).then_some(())
     });
-    (operator, api, runtime)
+    (operator, cp)
 }
 
 #[test]

@@ -4,40 +4,15 @@
 //! into ReplicaSets and Pods by the real controllers and collected by the real garbage collector.
 
 use kart_tests::control_plane::ControlPlane;
-use kart_tests::{binary, free_port, repo_root};
+use kart_tests::operator::Operator;
+use kart_tests::{eventually, repo_root};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
-/// Polls `check` every 200 ms until it returns `Some`, or fails after `seconds` naming `what`.
-fn eventually<T>(seconds: u64, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "{what} within {seconds}s");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// Starts `kart-operator run` with `kubeconfig` and `args`, logging to `log`, as Pod
-/// `kart-operator-0` (its leader-election identity).
-fn start_operator(kubeconfig: &Path, log: &Path, args: &[&str]) -> kart_tests::Child {
-    start_operator_as("kart-operator-0", kubeconfig, log, args)
-}
-
-/// [`start_operator`] with the identity `pod`.
-fn start_operator_as(pod: &str, kubeconfig: &Path, log: &Path, args: &[&str]) -> kart_tests::Child {
-    let mut command = Command::new(binary("kart-operator"));
-    command
-        .args(["run", "--http-port", &free_port().to_string(), "--log-format", "text"])
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .env("POD_NAME", pod)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap());
-    kart_tests::Child(command.spawn().unwrap())
+/// Starts `kart-operator run args…` with `kubeconfig` as Pod `pod`, logging to `dir/<pod>.log`.
+fn start_operator(kubeconfig: &Path, pod: &str, dir: &Path, args: &[&str]) -> Operator {
+    Operator::start(kubeconfig, pod, &dir.join(format!("{pod}.log")), args, None).unwrap()
 }
 
 /// A BM25 Retriever `wiki` and a RolloutPool `pool` of two embedded-engine workers in `namespace`.
@@ -71,41 +46,37 @@ fn pool_pods(cp: &ControlPlane, namespace: &str, pool: &str) -> usize {
     pods.lines().filter(|p| p.starts_with(&format!("pod/{pool}-"))).count()
 }
 
+/// Waits up to a minute, naming `what`, until `kubectl get args…` lists nothing.
+fn until_none(cp: &ControlPlane, what: &str, args: &[&str]) {
+    let args = [&["get"], args, &["-o", "name"]].concat();
+    eventually(
+        60,
+        what,
+        || cp.describe(),
+        || cp.run_kubectl(&args).ok().filter(|left| left.trim().is_empty()).map(drop),
+    );
+}
+
 /// A control plane in `dir` with kart's CRDs and the namespace `namespace`.
 fn with_crds_and_namespace(dir: &Path, namespace: &str) -> ControlPlane {
     let cp = ControlPlane::up(dir).unwrap();
-    install_crds(&cp);
+    cp.install_crds().unwrap();
     cp.run_kubectl(&["create", "namespace", namespace]).unwrap();
     cp
 }
 
-/// Applies crds/ and waits until the three CRDs are established; the API server warns of nothing
-/// in them (an unknown `format`, for one).
-fn install_crds(cp: &ControlPlane) {
-    let crds = repo_root().join("crds/kart.dev_crds.yaml");
-    let output = cp.kubectl().args(["apply", "--server-side", "-f"]).arg(&crds).output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success() && !stderr.contains("Warning"), "applying the CRDs: {stderr}");
-    cp.run_kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/retrievers.kart.dev",
-        "crd/rolloutpools.kart.dev",
-        "crd/trainingjobs.kart.dev",
-    ])
-    .unwrap();
-}
-
-/// The CRDs install into a real API server; every example is admitted; a spec that breaks a CEL
-/// rule is rejected with the rule's message, as `kubectl` shows it to a user; `kubectl get`
-/// shows the printer columns and `kubectl scale` resizes a RolloutPool through its scale
-/// subresource.
+/// The CRDs install into a real API server; every example is admitted and reconciled (its
+/// resources given a phase, their workloads created; the node is cordoned, so the examples, which
+/// need GPUs, models or an API key, do not run); a spec that breaks a CEL rule is rejected with the
+/// rule's message, as `kubectl` shows it to a user; `kubectl get` shows the printer columns and
+/// `kubectl scale` resizes a RolloutPool through its scale subresource, down to its Deployment.
 #[test]
 fn crds_examples_cel_rules_and_subresources_on_a_real_api_server() {
     let dir = tempfile::tempdir().unwrap();
     let cp = ControlPlane::up(dir.path()).unwrap();
-    install_crds(&cp);
+    cp.install_crds().unwrap();
+    cp.run_kubectl(&["cordon", "kart-node"]).unwrap();
+    let operator = start_operator(&cp.kubeconfig, "kart-operator-0", dir.path(), &[]);
 
     let examples = repo_root().join("deploy/examples");
     let mut files: Vec<_> = std::fs::read_dir(&examples).unwrap().map(|e| e.unwrap().path()).collect();
@@ -116,6 +87,27 @@ fn crds_examples_cel_rules_and_subresources_on_a_real_api_server() {
         cp.run_kubectl(&["create", "namespace", &namespace]).unwrap();
         let out = cp.run_kubectl(&["apply", "-n", &namespace, "-f", &file.display().to_string()]);
         assert!(out.is_ok(), "{}: {out:?}", file.display());
+    }
+    for (i, file) in files.iter().enumerate() {
+        let namespace = format!("example-{i}");
+        let what = format!("{} reconciled", file.display());
+        eventually(
+            60,
+            &what,
+            || operator.log_text(),
+            || {
+                let resources = cp.get_json(&["ret,rp,tj", "-n", &namespace]).ok()?;
+                let resources = resources["items"].as_array()?.clone();
+                let phased =
+                    resources.iter().all(|r| r["status"]["phase"].as_str().is_some_and(|p| !p.is_empty()));
+                let workloads = cp.get_json(&["deploy,jobs", "-n", &namespace]).ok()?;
+                let owned = workloads["items"].as_array()?.iter().any(|w| {
+                    let owner = &w["metadata"]["ownerReferences"][0];
+                    owner["apiVersion"] == "kart.dev/v1alpha1" && owner["controller"] == true
+                });
+                (!resources.is_empty() && phased && owned).then_some(())
+            },
+        );
     }
 
     let invalid = r#"{"apiVersion": "kart.dev/v1alpha1", "kind": "Retriever",
@@ -157,33 +149,53 @@ fn crds_examples_cel_rules_and_subresources_on_a_real_api_server() {
     let replicas =
         cp.run_kubectl(&["get", "rp", pool, "-n", namespace, "-o", "jsonpath={.spec.replicas}"]).unwrap();
     assert_eq!(replicas, "3");
+    eventually(
+        60,
+        "the pool's Deployment scaled by the operator",
+        || operator.log_text(),
+        || {
+            let workers = cp.get_json(&["deploy", &format!("{pool}-rollout"), "-n", namespace]).ok()?;
+            (workers["spec"]["replicas"] == 3).then_some(())
+        },
+    );
 }
 
 /// The operator, out of the cluster with the admin's kubeconfig, reconciles a RolloutPool: the
 /// API server accepts every child it applies, the real Deployment and ReplicaSet controllers make
 /// the Pods, and deleting the pool lets the real garbage collector remove every child through
-/// their owner references (the node agent confirming the Pods' deletion).
+/// their owner references (the node agent confirming the Pods' deletion). The operator serves its
+/// health, readiness and metrics, holds its Lease, and on SIGTERM exits cleanly, releasing it.
 #[test]
 fn the_operator_reconciles_and_the_real_controllers_take_over() {
     let dir = tempfile::tempdir().unwrap();
     let namespace = "kart";
     let cp = with_crds_and_namespace(dir.path(), namespace);
 
-    let log = dir.path().join("operator.log");
     let args = ["--namespace", namespace, "--lease-namespace", namespace];
-    let _operator = start_operator(&cp.kubeconfig, &log, &args);
+    let operator = start_operator(&cp.kubeconfig, "kart-operator-0", dir.path(), &args);
     apply_pool(&cp, namespace);
+    let http = reqwest::blocking::Client::new();
+    let get = |path: &str| -> Option<String> {
+        let response = http.get(format!("{}{path}", operator.url)).send().ok()?;
+        response.status().is_success().then(|| response.text().ok()).flatten()
+    };
+    let healthz = eventually(60, "the operator healthy", || operator.log_text(), || get("/healthz"));
+    assert_eq!(healthz, "ok");
+    eventually(60, "the operator ready", || operator.log_text(), || get("/readyz"));
 
-    let operator_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let operator_log = || operator.log_text();
     let names = |kinds: &str| -> Vec<String> {
         let out = cp.run_kubectl(&["get", kinds, "-n", namespace, "-o", "name"]).unwrap_or_default();
         out.lines().map(str::to_owned).collect()
     };
     let pool_pods =
         || -> Vec<String> { names("pods").into_iter().filter(|p| p.starts_with("pod/pool-")).collect() };
-    eventually(120, "two Pods of the pool's Deployment, made by the real controllers", || {
-        (pool_pods().len() == 2).then_some(())
-    });
+    eventually(
+        120,
+        "two Pods of the pool's Deployment, made by the real controllers",
+        || cp.describe(),
+        || (pool_pods().len() == 2).then_some(()),
+    );
     let owners = cp
         .run_kubectl(&[
             "get",
@@ -199,13 +211,25 @@ fn the_operator_reconciles_and_the_real_controllers_take_over() {
     assert!(replica_sets.iter().any(|r| r.starts_with("replicaset.apps/pool-")), "{replica_sets:?}");
 
     cp.run_kubectl(&["delete", "rp", "pool", "-n", namespace, "--wait=true"]).unwrap();
-    eventually(120, "the garbage collector removing the pool's children", || {
-        let left: Vec<String> =
-            names("deploy,rs,pods,svc").into_iter().filter(|n| n.contains("/pool")).collect();
-        left.is_empty().then_some(())
-    });
+    eventually(
+        120,
+        "the garbage collector removing the pool's children",
+        || cp.describe(),
+        || {
+            let left: Vec<String> =
+                names("deploy,rs,pods,svc").into_iter().filter(|n| n.contains("/pool")).collect();
+            left.is_empty().then_some(())
+        },
+    );
     let retriever = names("deploy,svc,jobs");
     assert!(retriever.iter().any(|n| n.contains("wiki")), "the retriever's children stay: {retriever:?}");
+
+    let metrics = get("/metrics").unwrap();
+    assert!(metrics.contains("kart_operator_reconciles_total{controller=\"rollout-pool\"}"), "{metrics}");
+    assert_eq!(lease(&cp, namespace, "holderIdentity").unwrap(), "kart-operator-0");
+    let exit = operator.terminate(Duration::from_secs(20));
+    assert!(exit.success(), "the operator's exit on SIGTERM: {exit}");
+    assert_eq!(lease(&cp, namespace, "holderIdentity").unwrap(), "", "the Lease is released on shutdown");
 }
 
 /// `helm install` of charts/kart with Helm's library (a `--set` value reaching the chart): the CRDs, the operator's ServiceAccount,
@@ -247,35 +271,39 @@ fn helm_installs_the_chart_and_the_operator_works_under_its_rbac() {
     }
     cp.run_kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.kart.dev"])
         .unwrap();
-    eventually(60, "the chart's operator Pod (scheduled; its image is not one the node agent runs)", || {
-        let pods = cp.run_kubectl(&["get", "pods", "-n", "kart-system", "-o", "name"]).ok()?;
-        pods.contains("pod/kart-operator-").then_some(())
-    });
+    eventually(
+        60,
+        "the chart's operator Pod (scheduled; its image is not one the node agent runs)",
+        || cp.describe(),
+        || {
+            let pods = cp.run_kubectl(&["get", "pods", "-n", "kart-system", "-o", "name"]).ok()?;
+            pods.contains("pod/kart-operator-").then_some(())
+        },
+    );
 
     let token = cp.run_kubectl(&["create", "token", "kart-operator", "-n", "kart-system"]).unwrap();
     let kubeconfig = cp.kubeconfig_with_token("kart-operator", token.trim()).unwrap();
     let whoami =
         cp.run_kubectl(&["--kubeconfig", &kubeconfig.display().to_string(), "auth", "whoami"]).unwrap();
     assert!(whoami.contains("system:serviceaccount:kart-system:kart-operator"), "{whoami}");
-    let log = dir.path().join("operator.log");
     let args = ["--leader-election=true", "--lease-name=kart-operator", "--lease-namespace", "kart-system"];
-    let _operator = start_operator(&kubeconfig, &log, &args);
+    let operator = start_operator(&kubeconfig, "kart-operator-0", dir.path(), &args);
 
     cp.run_kubectl(&["create", "namespace", "ml"]).unwrap();
     apply_pool(&cp, "ml");
-    let operator_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    eventually(120, "the pool's Pods, reconciled under the chart's RBAC", || {
-        (pool_pods(&cp, "ml", "pool") == 2).then_some(())
-    });
+    let operator_log = || operator.log_text();
+    eventually(
+        120,
+        "the pool's Pods, reconciled under the chart's RBAC",
+        || cp.describe(),
+        || (pool_pods(&cp, "ml", "pool") == 2).then_some(()),
+    );
     let holder = lease(&cp, "kart-system", "holderIdentity").unwrap();
     assert_eq!(holder, "kart-operator-0");
     assert!(!operator_log().contains("forbidden"), "a request the chart's RBAC refused:\n{}", operator_log());
 
     cp.helm(&["uninstall", "kart", "--namespace", "kart-system"]).unwrap();
-    eventually(60, "the release's Deployment gone", || {
-        let left = cp.run_kubectl(&["get", "deploy", "-n", "kart-system", "-o", "name"]).ok()?;
-        left.trim().is_empty().then_some(())
-    });
+    until_none(&cp, "the release's Deployment gone", &["deploy", "-n", "kart-system"]);
     cp.run_kubectl(&["get", "crd", "trainingjobs.kart.dev"]).expect("the CRDs are kept on uninstall");
 }
 
@@ -319,10 +347,7 @@ fn the_node_agent_runs_what_the_scheduler_binds_to_it() {
     assert_eq!(pod, "kart-node Succeeded");
     cp.run_kubectl(&["delete", "job", "version", "--cascade=foreground", "--wait=true", "--timeout=60s"])
         .unwrap();
-    eventually(60, "the Job's Pod removed", || {
-        let left = cp.run_kubectl(&["get", "pods", "-l", "job-name=version", "-o", "name"]).ok()?;
-        left.trim().is_empty().then_some(())
-    });
+    until_none(&cp, "the Job's Pod removed", &["pods", "-l", "job-name=version"]);
 }
 
 /// Two operator replicas elect one leader on a real Lease: the leader reconciles, and when it is
@@ -334,34 +359,46 @@ fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
     let namespace = "ops";
     let cp = with_crds_and_namespace(dir.path(), namespace);
     let args = ["--lease-namespace", namespace, "--lease-duration-seconds", "5"];
-    let log = |id: &str| dir.path().join(format!("{id}.log"));
-    let mut replicas: Vec<(String, Option<kart_tests::Child>)> = ["op-a", "op-b"]
+    let mut replicas: Vec<(String, Option<Operator>)> = ["op-a", "op-b"]
         .into_iter()
-        .map(|id| (id.to_string(), Some(start_operator_as(id, &cp.kubeconfig, &log(id), &args))))
+        .map(|id| (id.to_string(), Some(start_operator(&cp.kubeconfig, id, dir.path(), &args))))
         .collect();
     let holder = || lease(&cp, namespace, "holderIdentity").ok().filter(|h| !h.is_empty());
-    let first = eventually(60, "a leader", holder);
+    let first = eventually(60, "a leader", || cp.describe(), holder);
     apply_pool_named(&cp, namespace, "first");
-    eventually(120, "the leader reconciling the first pool", || {
-        (pool_pods(&cp, namespace, "first") == 2).then_some(())
-    });
+    eventually(
+        120,
+        "the leader reconciling the first pool",
+        || cp.describe(),
+        || (pool_pods(&cp, namespace, "first") == 2).then_some(()),
+    );
 
     let (_, leader) = replicas.iter_mut().find(|(id, _)| *id == first).expect("the leader is a replica");
     drop(leader.take());
-    let second =
-        eventually(60, "the other replica taking the expired Lease", || holder().filter(|h| *h != first));
+    let second = eventually(
+        60,
+        "the other replica taking the expired Lease",
+        || cp.describe(),
+        || holder().filter(|h| *h != first),
+    );
     assert!(["op-a", "op-b"].contains(&second.as_str()), "{second}");
     apply_pool_named(&cp, namespace, "second");
-    eventually(120, "the new leader reconciling the second pool", || {
-        (pool_pods(&cp, namespace, "second") == 2).then_some(())
-    });
+    eventually(
+        120,
+        "the new leader reconciling the second pool",
+        || cp.describe(),
+        || (pool_pods(&cp, namespace, "second") == 2).then_some(()),
+    );
     let transitions = lease(&cp, namespace, "leaseTransitions").unwrap();
     assert!(transitions.parse::<u32>().unwrap() >= 1, "{transitions}");
 
     // `kubectl scale rp` resizes the workers: the scale subresource, the operator, the
     // Deployment and ReplicaSet controllers, the scheduler and the node, all for real.
     cp.run_kubectl(&["scale", "rp", "second", "-n", namespace, "--replicas", "3"]).unwrap();
-    eventually(120, "three workers of the scaled pool", || {
-        (pool_pods(&cp, namespace, "second") == 3).then_some(())
-    });
+    eventually(
+        120,
+        "three workers of the scaled pool",
+        || cp.describe(),
+        || (pool_pods(&cp, namespace, "second") == 3).then_some(()),
+    );
 }

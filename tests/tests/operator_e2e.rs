@@ -1,25 +1,29 @@
-//! The operator end to end on one machine: the real `kart-operator` reconciles a Retriever, a
-//! RolloutPool and TrainingJobs against the fake API server, and the simulated cluster of
-//! `kart_tests::cluster` runs the Pods its Deployments and Jobs imply as real `kart` processes
-//! (the index build, the retriever, two rollout workers on the fixture model behind their
-//! Service, the trainers). A run succeeds with every step, each worker generating with the weights
-//! of the version it was asked for; a run on two nodes of two ranks each trains as one; a trainer
-//! killed midway is restarted by the operator from its checkpoint; deleting a TrainingJob stops
-//! its processes.
+//! The operator end to end on a real control plane (`scripts/control-plane.sh`): the real
+//! `kart-operator` reconciles a Retriever, a RolloutPool and TrainingJobs applied with `kubectl`;
+//! the real Deployment, ReplicaSet and Job controllers, scheduler, PersistentVolume binder and
+//! garbage collector do their part, and kart's node agent runs the Pods as real `kart` processes
+//! (the index build, the retriever, two rollout workers on the fixture model behind their Service,
+//! the trainers) on volumes of its provisioner.
+//!
+//! A run succeeds with every step, each worker generating with the weights of the version it was
+//! asked for, and `kubectl get tj` shows it; its workloads go after `ttlSecondsAfterFinished`; a
+//! run on two nodes of two ranks each trains as one; a trainer killed midway is restarted from its
+//! checkpoint; an operator killed mid-run is replaced without a child recreated or a status lost;
+//! a suspended run stops its trainer and resumes from its checkpoint; deleting a TrainingJob stops
+//! its trainer and lets the garbage collector remove every child, down to the checkpoint volume.
 
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Pod;
+use kart_operator::crd::TrainingJob;
 use kart_operator::crd::retriever::RetrieverPhase;
 use kart_operator::crd::rollout_pool::RolloutPoolPhase;
 use kart_operator::crd::training_job::{TrainingJobPhase, TrainingJobStatus};
-use kart_operator::crd::{Retriever, RolloutPool, TrainingJob};
-use kart_tests::cluster::Cluster;
-use kart_tests::{fresh_dir, sample, shared_dir, step_records, steps_logged, write_capitals};
-use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, ResourceExt};
+use kart_operator::crd::{Retriever, RolloutPool};
+use kart_tests::control_plane::ControlPlane;
+use kart_tests::operator::Operator;
+use kart_tests::{eventually, fresh_dir, sample, shared_dir, step_records, steps_logged, write_capitals};
 use serde_json::{Value, json};
-use std::path::Path;
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 const NAMESPACE: &str = "ml";
 const STEPS: u64 = 4;
@@ -41,23 +45,20 @@ fn volumes(data: &Path) -> Value {
 }
 
 /// A BM25 Retriever `wiki` of the synthetic corpus.
-fn retriever(data: &Path) -> Retriever {
-    serde_json::from_value(json!({
-        "apiVersion": "kart.dev/v1alpha1", "kind": "Retriever",
-        "metadata": {"name": "wiki", "namespace": NAMESPACE},
+fn retriever(data: &Path) -> Value {
+    json!({
+        "apiVersion": "kart.dev/v1alpha1", "kind": "Retriever", "metadata": {"name": "wiki"},
         "spec": {
             "config": {"method": "bm25", "topk": 3}, "corpus": "/data/corpus.jsonl",
             "index": {"size": "1Gi"}, "pod": volumes(data),
         },
-    }))
-    .unwrap()
+    })
 }
 
 /// A RolloutPool `pool` of two workers with the embedded engine on the fixture model.
-fn rollout_pool(data: &Path) -> RolloutPool {
-    serde_json::from_value(json!({
-        "apiVersion": "kart.dev/v1alpha1", "kind": "RolloutPool",
-        "metadata": {"name": "pool", "namespace": NAMESPACE},
+fn rollout_pool(data: &Path) -> Value {
+    json!({
+        "apiVersion": "kart.dev/v1alpha1", "kind": "RolloutPool", "metadata": {"name": "pool"},
         "spec": {
             "replicas": 2, "retrieverRef": "wiki",
             "config": {
@@ -65,15 +66,13 @@ fn rollout_pool(data: &Path) -> RolloutPool {
             },
             "pod": volumes(data),
         },
-    }))
-    .unwrap()
+    })
 }
 
 /// A TrainingJob `name` of `total_steps` on the fixture model, checkpointing every 2 steps.
-fn training_job(name: &str, data: &Path, total_steps: u64) -> TrainingJob {
-    serde_json::from_value(json!({
-        "apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+fn training_job(name: &str, data: &Path, total_steps: u64) -> Value {
+    json!({
+        "apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
         "spec": {
             "retrieverRef": "wiki", "rolloutPoolRef": "pool", "checkpoint": {"size": "1Gi"},
             "config": {
@@ -87,47 +86,141 @@ fn training_job(name: &str, data: &Path, total_steps: u64) -> TrainingJob {
             },
             "pod": volumes(data),
         },
-    }))
-    .unwrap()
+    })
 }
 
-async fn create<K>(client: &kube::Client, object: K)
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + k8s_openapi::serde::Serialize
-        + k8s_openapi::serde::de::DeserializeOwned
-        + Clone
-        + std::fmt::Debug,
-{
-    Api::<K>::namespaced(client.clone(), NAMESPACE).create(&PostParams::default(), &object).await.unwrap();
+/// The control plane, its namespace `ml` with kart's CRDs, and the operator watching it.
+struct Cluster {
+    cp: ControlPlane,
+    dir: PathBuf,
+    operator: Option<Operator>,
 }
 
-/// The status of TrainingJob `name` once `done` holds for it.
-async fn training_job_status(
-    cluster: &Cluster,
-    name: &str,
-    deadline: Duration,
-    done: impl Fn(&TrainingJobStatus) -> bool,
-) -> TrainingJobStatus {
-    let api = Api::<TrainingJob>::namespaced(cluster.client.clone(), NAMESPACE);
-    cluster
-        .wait(&format!("TrainingJob {name}"), deadline, async || {
-            api.get(name).await.ok()?.status.filter(|s| done(s))
-        })
-        .await
-}
+impl Cluster {
+    fn start(dir: &Path) -> Cluster {
+        let cp = ControlPlane::up(&dir.join("control-plane")).unwrap();
+        cp.install_crds().unwrap();
+        cp.run_kubectl(&["create", "namespace", NAMESPACE]).unwrap();
+        let mut cluster = Cluster { cp, dir: dir.to_path_buf(), operator: None };
+        cluster.start_operator("kart-operator-0");
+        cluster
+    }
 
-/// The trainer Pod of attempt `attempt` of TrainingJob `name`.
-async fn trainer_pod(cluster: &Cluster, name: &str, attempt: i32) -> Pod {
-    let pods = Api::<Pod>::namespaced(cluster.client.clone(), NAMESPACE);
-    let selector = format!("app.kubernetes.io/instance={name},kart.dev/attempt={attempt}");
-    cluster
-        .wait(
-            &format!("the trainer Pod of {name}, attempt {attempt}"),
-            Duration::from_secs(120),
-            async || pods.list(&ListParams::default().labels(&selector)).await.ok()?.items.pop(),
+    /// Starts the operator as Pod `pod` (reaching the trainers' Services through the pod network's
+    /// proxy); returns once it is ready (the leader).
+    fn start_operator(&mut self, pod: &str) {
+        let args = [
+            "--namespace",
+            NAMESPACE,
+            "--lease-namespace",
+            NAMESPACE,
+            "--lease-duration-seconds",
+            "5",
+            "--status-poll-seconds",
+            "1",
+        ];
+        let proxy = self.cp.proxy_url().unwrap();
+        let log = self.dir.join(format!("{pod}.log"));
+        let operator = Operator::start(&self.cp.kubeconfig, pod, &log, &args, Some(&proxy)).unwrap();
+        let (http, ready) = (reqwest::blocking::Client::new(), format!("{}/readyz", operator.url));
+        eventually(
+            60,
+            "the operator ready",
+            || operator.log_text(),
+            || http.get(&ready).send().ok().filter(|r| r.status().is_success()).map(drop),
+        );
+        self.operator = Some(operator);
+    }
+
+    /// `kubectl apply` of `object` (written to a file named for `name`) in the namespace.
+    fn apply(&self, name: &str, object: &Value) {
+        let path = self.dir.join(format!("{name}.json"));
+        std::fs::write(&path, object.to_string()).unwrap();
+        self.kubectl(&["apply", "-f", &path.display().to_string()]);
+    }
+
+    /// `kubectl args… -n ml`; its output.
+    fn kubectl(&self, args: &[&str]) -> String {
+        let args = [args, &["-n", NAMESPACE]].concat();
+        self.cp.run_kubectl(&args).unwrap_or_else(|e| panic!("{e}\n{}", self.describe()))
+    }
+
+    /// `kubectl get args… -n ml -o json`, as `T`.
+    fn get<T: k8s_openapi::serde::de::DeserializeOwned>(&self, args: &[&str]) -> anyhow::Result<T> {
+        let args = [args, &["-n", NAMESPACE]].concat();
+        Ok(serde_json::from_value(self.cp.get_json(&args)?)?)
+    }
+
+    /// The Pods that `selector` selects.
+    fn pods(&self, selector: &str) -> Vec<Pod> {
+        let list: Value = self.get(&["pods", "-l", selector]).unwrap();
+        serde_json::from_value(list["items"].clone()).unwrap()
+    }
+
+    /// The status of TrainingJob `name` once `done` holds for it.
+    fn status(
+        &self,
+        name: &str,
+        seconds: u64,
+        done: impl Fn(&TrainingJobStatus) -> bool,
+    ) -> TrainingJobStatus {
+        eventually(
+            seconds,
+            &format!("TrainingJob {name}"),
+            || self.describe(),
+            || {
+                let tj: TrainingJob = self.get(&["tj", name]).ok()?;
+                tj.status.filter(|s| done(s))
+            },
         )
-        .await
+    }
+
+    /// The trainer Pod of attempt `attempt` of TrainingJob `name`.
+    fn trainer_pod(&self, name: &str, attempt: i32) -> Pod {
+        let selector = format!("app.kubernetes.io/instance={name},kart.dev/attempt={attempt}");
+        let what = format!("the trainer Pod of {name}, attempt {attempt}");
+        eventually(120, &what, || self.describe(), || self.pods(&selector).pop())
+    }
+
+    /// The folder of claim `name` once it is bound.
+    fn claim(&self, name: &str) -> PathBuf {
+        let what = format!("claim {name} bound");
+        eventually(180, &what, || self.describe(), || self.cp.claim_folder(NAMESPACE, name).ok())
+    }
+
+    /// The uid of each child of TrainingJob `name`, by kind and name.
+    fn children(&self, name: &str) -> BTreeMap<String, String> {
+        let list: Value = self.get(&["jobs,services,configmaps,persistentvolumeclaims"]).unwrap();
+        let owned = |o: &&Value| {
+            o["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|refs| refs.iter().any(|r| r["kind"] == "TrainingJob" && r["name"] == name))
+        };
+        let items = list["items"].as_array().unwrap();
+        items
+            .iter()
+            .filter(owned)
+            .map(|o| {
+                let key =
+                    format!("{}/{}", o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap());
+                (key, o["metadata"]["uid"].as_str().unwrap().to_string())
+            })
+            .collect()
+    }
+
+    /// The cluster's Pods with their output, and the end of the operator's log.
+    fn describe(&self) -> String {
+        let log = self.operator.as_ref().map(Operator::log_text).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        let tail = tail.into_iter().rev().collect::<Vec<_>>().join("\n  ");
+        format!("{}operator log:\n  {tail}", self.cp.describe())
+    }
+}
+
+/// The address of `pod`, once it has one.
+fn pod_ip(cluster: &Cluster, pod: &str) -> Option<String> {
+    let pod: Pod = cluster.get(&["pod", pod]).ok()?;
+    pod.status?.pod_ip
 }
 
 fn alive(pid: u32) -> bool {
@@ -135,34 +228,75 @@ fn alive(pid: u32) -> bool {
     unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn training_jobs_run_restart_from_checkpoints_and_stop_through_the_operator() {
+/// The newest checkpoint step in `output`.
+fn newest_checkpoint(output: &Path) -> u64 {
+    let checkpoints = std::fs::read_dir(output.join("checkpoints")).unwrap();
+    checkpoints
+        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_prefix("step-")?.parse::<u64>().ok())
+        .max()
+        .unwrap()
+}
+
+/// The `step` the trainer of `pod` reports on its `/status`, once it is past `after`.
+fn trainer_step_after(cluster: &Cluster, pod: &str, after: u64) -> u64 {
+    let direct = reqwest::blocking::Client::builder().no_proxy().build().unwrap();
+    eventually(
+        180,
+        &format!("a step of {pod} past {after}"),
+        || cluster.describe(),
+        || {
+            let ip = pod_ip(cluster, pod)?;
+            let status: Value = direct.get(format!("http://{ip}:8002/status")).send().ok()?.json().ok()?;
+            status["step"].as_u64().filter(|s| *s > after)
+        },
+    )
+}
+
+/// The ending of `pod`'s process, deleted with its Job: SIGTERM, which the trainer heeds.
+fn assert_stopped_by_sigterm(cluster: &Cluster, pod: &str) {
+    let files = cluster.cp.pod(NAMESPACE, pod);
+    let exit = eventually(90, &format!("{pod} stopped"), || cluster.describe(), || files.exit());
+    let log = files.log();
+    assert!(!exit.killed_after_grace, "the trainer ignored SIGTERM until its grace period ended: {exit:?}");
+    assert_eq!(exit.code, 143, "stopped by SIGTERM, not by an error: {log}");
+    assert!(log.contains("stopped by a termination signal"), "{log}");
+}
+
+#[test]
+fn training_jobs_run_restart_suspend_and_go_through_the_operator_on_a_real_control_plane() {
     let dir = fresh_dir("kart-operator-e2e");
     let data = dir.join("data");
     std::fs::create_dir_all(&data).unwrap();
     write_capitals(&data);
-    let cluster = Cluster::start(&dir.join("cluster"), NAMESPACE).await.unwrap();
-    let client = cluster.client.clone();
+    let mut cluster = Cluster::start(&dir);
 
-    create(&client, retriever(&data)).await;
-    create(&client, rollout_pool(&data)).await;
-    create(&client, training_job("search", &data, STEPS)).await;
+    cluster.apply("wiki", &retriever(&data));
+    cluster.apply("pool", &rollout_pool(&data));
+    let mut search = training_job("search", &data, STEPS);
+    search["spec"]["ttlSecondsAfterFinished"] = json!(0);
+    cluster.apply("search", &search);
 
-    // 1. A run to the end.
-    let status =
-        training_job_status(&cluster, "search", Duration::from_secs(240), |s| s.phase.is_finished()).await;
+    // 1. A run to the end, as `kubectl get tj` shows it; its workloads go, its checkpoints stay.
+    let output = cluster.claim("search-checkpoints");
+    let status = cluster.status("search", 300, |s| s.phase.is_finished());
     assert_eq!(status.phase, TrainingJobPhase::Succeeded, "{status:?}\n{}", cluster.describe());
     assert_eq!((status.step, status.policy_version, status.attempts), (STEPS, Some(STEPS), 1), "{status:?}");
-    let retriever = Api::<Retriever>::namespaced(client.clone(), NAMESPACE).get("wiki").await.unwrap();
+    let listing = cluster.kubectl(&["get", "tj", "search"]);
+    let (header, row) = listing.split_once('\n').unwrap();
+    let columns: Vec<&str> = header.split_whitespace().collect();
+    let values: Vec<&str> = row.split_whitespace().collect();
+    let column =
+        |name: &str| values[columns.iter().position(|c| *c == name).unwrap_or_else(|| panic!("{listing}"))];
+    assert_eq!((column("PHASE"), column("STEP")), ("Succeeded", "4"), "{listing}");
+    let retriever: Retriever = cluster.get(&["retriever", "wiki"]).unwrap();
     let retriever = retriever.status.unwrap();
     assert_eq!(
         (retriever.phase, retriever.index_built, retriever.ready_replicas),
         (RetrieverPhase::Ready, true, 1)
     );
-    let pool =
-        Api::<RolloutPool>::namespaced(client.clone(), NAMESPACE).get("pool").await.unwrap().status.unwrap();
+    let pool: RolloutPool = cluster.get(&["rp", "pool"]).unwrap();
+    let pool = pool.status.unwrap();
     assert_eq!((pool.phase, pool.ready_replicas), (RolloutPoolPhase::Ready, 2));
-    let output = cluster.kubelet.claim(NAMESPACE, "search-checkpoints");
     assert_eq!(steps_logged(&output), [0, 1, 2, 3, 4], "an evaluation at step 0, then one record per step");
     assert!(output.join("model/config.json").is_file(), "the final model is on the checkpoint claim");
     // Each publish reached one worker through the Service; every trajectory still came from the
@@ -171,18 +305,14 @@ async fn training_jobs_run_restart_from_checkpoints_and_stop_through_the_operato
     for record in &step_records(&output)[1..] {
         assert_eq!(record["staleness/max"], 0.0, "a worker generated with old weights: {record}");
     }
-    let direct = reqwest::Client::builder().no_proxy().build().unwrap();
-    let workers = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
-        .list(&ListParams::default().labels("app.kubernetes.io/instance=pool"))
-        .await
-        .unwrap();
-    assert_eq!(workers.items.len(), 2, "{workers:?}");
+    let direct = reqwest::blocking::Client::builder().no_proxy().build().unwrap();
+    let workers = cluster.pods("app.kubernetes.io/instance=pool");
+    assert_eq!(workers.len(), 2, "{workers:?}");
     let mut loads = [0.0; 2];
-    for worker in &workers.items {
+    for worker in &workers {
         let ip = worker.status.as_ref().unwrap().pod_ip.clone().unwrap();
-        let metrics =
-            direct.get(format!("http://{ip}:8001/metrics")).send().await.unwrap().text().await.unwrap();
-        let name = worker.name_any();
+        let metrics = direct.get(format!("http://{ip}:8001/metrics")).send().unwrap().text().unwrap();
+        let name = worker.metadata.name.as_deref().unwrap();
         assert_eq!(sample(&metrics, "kart_rollout_policy_version"), Some(STEPS as f64), "{name}: {metrics}");
         for (i, trigger) in ["push", "pull"].into_iter().enumerate() {
             let series = format!("kart_rollout_weight_loads_total{{outcome=\"ok\",trigger=\"{trigger}\"}}");
@@ -191,26 +321,27 @@ async fn training_jobs_run_restart_from_checkpoints_and_stop_through_the_operato
     }
     assert_eq!(loads[0], (STEPS + 1) as f64, "each of the versions 0..={STEPS} was pushed to one worker");
     assert!(loads[1] >= 1.0, "the worker the last push missed pulled it");
+    let cleaned = cluster.status("search", 60, |s| s.cleaned_up);
+    assert_eq!(cleaned.phase, TrainingJobPhase::Succeeded);
+    let left: Vec<String> = cluster.children("search").into_keys().collect();
+    assert_eq!(left, ["PersistentVolumeClaim/search-checkpoints"], "only the checkpoints stay");
 
     // 2. Two nodes of two CPU ranks each: one data-parallel run, node 1 meeting node 0 at its pod
     // DNS name, to the end.
     let mut ranks = training_job("ranks", &data, 2);
-    ranks.spec.nodes = 2;
-    ranks.spec.gpus_per_node = Some(2);
-    ranks.spec.checkpoint.access_modes = vec!["ReadWriteMany".into()];
-    create(&client, ranks).await;
-    let status =
-        training_job_status(&cluster, "ranks", Duration::from_secs(300), |s| s.phase.is_finished()).await;
+    ranks["spec"]["nodes"] = json!(2);
+    ranks["spec"]["gpusPerNode"] = json!(2);
+    ranks["spec"]["checkpoint"]["accessModes"] = json!(["ReadWriteMany"]);
+    cluster.apply("ranks", &ranks);
+    let output = cluster.claim("ranks-checkpoints");
+    let status = cluster.status("ranks", 300, |s| s.phase.is_finished());
     assert_eq!(status.phase, TrainingJobPhase::Succeeded, "{status:?}\n{}", cluster.describe());
     assert_eq!((status.step, status.world_size, status.attempts), (2, Some(4), 1), "{status:?}");
-    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
-        .list(&ListParams::default().labels("app.kubernetes.io/instance=ranks"))
-        .await
-        .unwrap();
-    assert_eq!(pods.items.len(), 2, "one pod per node");
-    for pod in &pods.items {
+    let pods = cluster.pods("app.kubernetes.io/instance=ranks");
+    assert_eq!(pods.len(), 2, "one pod per node");
+    for pod in &pods {
         let index = &pod.metadata.labels.as_ref().unwrap()["batch.kubernetes.io/job-completion-index"];
-        let log = cluster.kubelet.logs(NAMESPACE, &pod.name_any());
+        let log = cluster.cp.pod(NAMESPACE, pod.metadata.name.as_deref().unwrap()).log();
         let node: usize = index.parse().unwrap();
         for rank in [2 * node, 2 * node + 1].into_iter().filter(|&r| r > 0) {
             let finished = format!("\"rank\":{rank}");
@@ -220,44 +351,31 @@ async fn training_jobs_run_restart_from_checkpoints_and_stop_through_the_operato
             );
         }
     }
-    let output = cluster.kubelet.claim(NAMESPACE, "ranks-checkpoints");
     assert_eq!(steps_logged(&output), [0, 1, 2], "rank 0 alone writes the metrics");
 
     // 3. A trainer killed after its first checkpoint: the next attempt resumes from it.
-    create(&client, training_job("resume", &data, 50)).await;
-    let output = cluster.kubelet.claim(NAMESPACE, "resume-checkpoints");
-    let first = trainer_pod(&cluster, "resume", 0).await;
+    cluster.apply("resume", &training_job("resume", &data, 80));
+    let output = cluster.claim("resume-checkpoints");
+    let first = cluster.trainer_pod("resume", 0).metadata.name.unwrap();
     let checkpoint = output.join("checkpoints/step-00000002/trainer_state.json");
-    let pid = cluster
-        .wait("the first checkpoint of resume", Duration::from_secs(180), async || {
-            checkpoint.is_file().then(|| cluster.kubelet.pid(NAMESPACE, &first.name_any())).flatten()
-        })
-        .await;
-    // SAFETY: SIGKILL to the trainer process the kubelet started, as an out-of-memory kill would.
+    let pid = eventually(
+        180,
+        "the first checkpoint of resume",
+        || cluster.describe(),
+        || checkpoint.is_file().then(|| cluster.cp.pod(NAMESPACE, &first).pid()).flatten(),
+    );
+    // SAFETY: SIGKILL to the trainer process the node agent started, as an out-of-memory kill would.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
-    cluster
-        .wait("the killed trainer gone", Duration::from_secs(30), async || (!alive(pid)).then_some(()))
-        .await;
+    eventually(30, "the killed trainer gone", || cluster.describe(), || (!alive(pid)).then_some(()));
     // The newest checkpoint it left (a fast step may have added one after the first).
-    let checkpoints = std::fs::read_dir(output.join("checkpoints")).unwrap();
-    let newest = checkpoints
-        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_prefix("step-")?.parse::<u64>().ok())
-        .max()
-        .unwrap();
-    let second = trainer_pod(&cluster, "resume", 1).await;
+    let newest = newest_checkpoint(&output);
+    let second = cluster.trainer_pod("resume", 1);
     let args = second.spec.as_ref().unwrap().containers[0].args.clone().unwrap();
     assert_eq!(args.last().map(String::as_str), Some("--resume"), "{args:?}");
+    let second = second.metadata.name.unwrap();
     // The new attempt's own trainer reports a step past the checkpoint it loaded.
-    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
-    let step = cluster
-        .wait("a step of the resumed trainer", Duration::from_secs(120), async || {
-            let ip = pods.get(&second.name_any()).await.ok()?.status?.pod_ip?;
-            let status: Value =
-                direct.get(format!("http://{ip}:8002/status")).send().await.ok()?.json().await.ok()?;
-            status["step"].as_u64().filter(|s| *s > newest)
-        })
-        .await;
-    let log = cluster.kubelet.logs(NAMESPACE, &second.name_any());
+    let step = trainer_step_after(&cluster, &second, newest);
+    let log = cluster.cp.pod(NAMESPACE, &second).log();
     let resumed = log.lines().find(|l| l.contains("resuming")).unwrap_or_else(|| panic!("{log}"));
     assert!(resumed.contains(&format!("\"step\":{newest}")), "{resumed}");
     assert!(resumed.contains(&format!("step-{newest:08}")), "{resumed}");
@@ -266,42 +384,61 @@ async fn training_jobs_run_restart_from_checkpoints_and_stop_through_the_operato
     assert_eq!(steps, (0..steps.len() as u64).collect::<Vec<_>>(), "no step twice, none missing");
     // The operator follows the resumed trainer through its Service (the killed one, checkpointing
     // every 2 steps, never got past step newest + 2).
-    let status = training_job_status(&cluster, "resume", Duration::from_secs(120), |s| {
-        s.attempts == 2 && s.step > newest + 2
-    })
-    .await;
+    let status = cluster.status("resume", 120, |s| s.attempts == 2 && s.step > newest + 2);
     assert_eq!((status.phase, status.failures), (TrainingJobPhase::Running, 1), "{status:?}");
 
-    // 4. Deleting the TrainingJob stops its trainer, and only it.
-    let pid = cluster.kubelet.pid(NAMESPACE, &second.name_any()).expect("the resumed trainer runs");
-    let retriever_pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
-        .list(&ListParams::default().labels("app.kubernetes.io/component=retriever"))
-        .await
-        .unwrap();
-    let retriever_pid = cluster.kubelet.pid(NAMESPACE, &retriever_pods.items[0].name_any()).unwrap();
-    Api::<TrainingJob>::namespaced(client.clone(), NAMESPACE)
-        .delete("resume", &DeleteParams::default())
-        .await
-        .unwrap();
-    let exit = cluster
-        .wait("the resumed trainer stopped", Duration::from_secs(60), async || {
-            cluster.kubelet.exits().into_iter().find(|e| e.pod == second.name_any())
-        })
-        .await;
-    let log = cluster.kubelet.logs(NAMESPACE, &second.name_any());
-    assert!(!exit.killed_after_grace, "the trainer ignored SIGTERM until its grace period ended: {exit:?}");
-    assert_eq!(exit.status.code(), Some(143), "stopped by SIGTERM, not by an error: {log}");
-    assert!(log.contains("stopped by a termination signal"), "{log}");
-    assert!(!alive(pid), "the trainer process {pid} still exists");
-    assert!(alive(retriever_pid), "the retriever belongs to no TrainingJob");
-    let jobs = Api::<Job>::namespaced(client.clone(), NAMESPACE).list(&ListParams::default()).await.unwrap();
-    assert!(
-        jobs.items.iter().all(|j| !j.name_any().starts_with("resume-")),
-        "the Jobs went with their owner"
+    // 4. The operator killed mid-run and replaced by another Pod: it takes the Lease once it
+    // expires, follows the run on, and recreates no child and loses no status.
+    let children = cluster.children("resume");
+    for child in ["Job/resume-trainer-1", "PersistentVolumeClaim/resume-checkpoints"] {
+        assert!(children.contains_key(child), "{child}: {children:?}");
+    }
+    drop(cluster.operator.take());
+    let before = cluster.status("resume", 10, |_| true);
+    cluster.start_operator("kart-operator-1");
+    let status = cluster.status("resume", 120, |s| s.step > before.step);
+    assert_eq!(
+        (status.phase, status.attempts, status.failures, status.job_name.as_deref()),
+        (TrainingJobPhase::Running, 2, 1, Some("resume-trainer-1")),
+        "{status:?}"
     );
-    let services =
-        Api::<Service>::namespaced(client.clone(), NAMESPACE).get_opt("resume-trainer").await.unwrap();
-    assert!(services.is_none());
+    assert_eq!(cluster.children("resume"), children, "a child was recreated");
+
+    // 5. Suspended, the run's trainer stops (SIGTERM); resumed, a new attempt goes on from the
+    // checkpoint, and a suspension is no failure.
+    cluster.kubectl(&["patch", "tj", "resume", "--type", "merge", "-p", r#"{"spec": {"suspend": true}}"#]);
+    cluster.status("resume", 60, |s| s.phase == TrainingJobPhase::Suspended);
+    assert_stopped_by_sigterm(&cluster, &second);
+    let newest = newest_checkpoint(&output);
+    cluster.kubectl(&["patch", "tj", "resume", "--type", "merge", "-p", r#"{"spec": {"suspend": false}}"#]);
+    let third = cluster.trainer_pod("resume", 2);
+    let args = third.spec.as_ref().unwrap().containers[0].args.clone().unwrap();
+    assert_eq!(args.last().map(String::as_str), Some("--resume"), "{args:?}");
+    let third = third.metadata.name.unwrap();
+    trainer_step_after(&cluster, &third, newest);
+    let status = cluster.status("resume", 60, |s| s.attempts == 3);
+    assert_eq!((status.phase, status.failures), (TrainingJobPhase::Running, 1), "{status:?}");
+
+    // 6. Deleting the TrainingJob stops its trainer, and only it; the garbage collector removes
+    // every child, and the provisioner the released checkpoint volume.
+    let retriever_pod = cluster.pods("app.kubernetes.io/component=retriever").pop().unwrap();
+    let retriever_pid =
+        cluster.cp.pod(NAMESPACE, retriever_pod.metadata.name.as_deref().unwrap()).pid().unwrap();
+    cluster.kubectl(&["delete", "tj", "resume", "--wait=true"]);
+    assert_stopped_by_sigterm(&cluster, &third);
+    assert!(alive(retriever_pid), "the retriever belongs to no TrainingJob");
+    eventually(
+        90,
+        "every child of resume collected",
+        || cluster.describe(),
+        || cluster.children("resume").is_empty().then_some(()),
+    );
+    eventually(
+        60,
+        "the checkpoint volume reclaimed",
+        || cluster.describe(),
+        || (!output.exists()).then_some(()),
+    );
     drop(cluster);
     std::fs::remove_dir_all(&dir).unwrap();
 }

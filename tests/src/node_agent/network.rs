@@ -9,14 +9,15 @@
 //!   becomes that Pod's address when the kubelet starts a process (see [`pod_named`]).
 //! - Services: an HTTP proxy plays cluster DNS and kube-proxy. Processes get `HTTP_PROXY` pointing
 //!   at it, and it sends a request for `http://<service>.<namespace>.svc[.cluster.local]:<port>/…`
-//!   to a ready endpoint of that Service: a running Pod its selector matches (ready, unless the
-//!   Service publishes addresses that are not), at the target port of the Service port the URL
-//!   names, round robin per Service over the endpoints in address order (as kube-proxy's IPVS
+//!   to a ready endpoint of that Service: a running Pod of the node that its selector matches
+//!   (ready, unless the Service publishes addresses that are not), at the target port of the
+//!   Service port the URL names, round robin per Service over the endpoints in address order (as kube-proxy's IPVS
 //!   mode does, but per request rather than per connection). A name that is no Service answers
 //!   502, a Service without that port or without endpoints 503: where a client in a cluster would
-//!   fail to resolve or to connect.
+//!   fail to resolve or to connect. The proxy selects the Pods itself, as the Node may list them,
+//!   rather than reading EndpointSlices as kube-proxy does: the API server refuses loopback
+//!   addresses as endpoints, so the EndpointSlice controller's slices of this network stay empty.
 
-use super::objects;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
@@ -65,15 +66,20 @@ impl Addresses {
 struct Proxy {
     client: kube::Client,
     http: reqwest::Client,
+    /// The Node whose Pods are the endpoints.
+    node: String,
     /// Requests sent so far to each Service (`<namespace>/<name>`).
     turns: Mutex<HashMap<String, usize>>,
 }
 
-/// Serves the Service proxy on a free loopback port until the returned task is aborted; returns
-/// its URL (for `HTTP_PROXY`).
-pub async fn serve_proxy(client: kube::Client) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
+/// Serves the Service proxy of Node `node`'s Pods on a free loopback port until the returned task
+/// is aborted; returns its URL (for `HTTP_PROXY`).
+pub async fn serve_proxy(
+    client: kube::Client,
+    node: &str,
+) -> std::io::Result<(String, tokio::task::JoinHandle<()>)> {
     let http = reqwest::Client::builder().no_proxy().build().map_err(std::io::Error::other)?;
-    let proxy = Arc::new(Proxy { client, http, turns: Mutex::default() });
+    let proxy = Arc::new(Proxy { client, http, node: node.to_string(), turns: Mutex::default() });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let app = axum::Router::new().fallback(forward).with_state(proxy);
@@ -101,6 +107,19 @@ pub fn pod_named<'a>(name: &'a str, namespace: &str) -> Option<(&'a str, &'a str
     let (host, subdomain) = name.split_once('.')?;
     let label = |l: &str| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
     (label(host) && label(subdomain)).then_some((host, subdomain))
+}
+
+/// The Pod's phase, once its kubelet reported one.
+fn phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref()?.phase.as_deref()
+}
+
+/// Whether the Pod reports the Ready condition.
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The pod port that Service port `port` targets on `pod`: a number, or a container port's name.
@@ -147,15 +166,15 @@ impl Proxy {
         }
         let labels = selector.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
         let pods = Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .list(&ListParams::default().labels(&labels))
+            .list(&ListParams::default().labels(&labels).fields(&format!("spec.nodeName={}", self.node)))
             .await
             .map_err(|e| gateway(e.to_string()))?;
         let publish_not_ready = spec.publish_not_ready_addresses == Some(true);
         let mut endpoints: Vec<SocketAddr> = pods
             .items
             .iter()
-            .filter(|p| objects::phase(p) == "Running")
-            .filter(|p| publish_not_ready || objects::is_ready(p))
+            .filter(|p| phase(p) == Some("Running"))
+            .filter(|p| publish_not_ready || is_ready(p))
             .filter_map(|p| {
                 let ip = p.status.as_ref()?.pod_ip.as_ref()?.parse::<Ipv4Addr>().ok()?;
                 Some(SocketAddr::from((ip, target_port(service_port, p)?)))

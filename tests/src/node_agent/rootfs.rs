@@ -2,8 +2,8 @@
 //! sees.
 //!
 //! Every Pod gets a root folder in which each volume mount is a symlink to its volume's folder:
-//! a ConfigMap's keys written as files into a folder of the Pod, a PersistentVolumeClaim's folder
-//! shared by every Pod that mounts the claim (the claim must exist), a `hostPath` itself, an
+//! a ConfigMap's keys written as files into a folder of the Pod, a PersistentVolumeClaim's bound
+//! volume (a `hostPath` volume of the node's provisioner, see [`super::volumes`]), a `hostPath` itself, an
 //! `emptyDir` a folder of the Pod. The termination-message file (`/dev/termination-log` unless the
 //! container names another) is a file there too. A container's absolute paths under a mount point
 //! then become paths under the root: the harness prefixes them in the command, the args, the
@@ -15,7 +15,7 @@
 use anyhow::{Context, anyhow, bail};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, PersistentVolumeClaim, Pod, ServiceAccount, VolumeProjection,
+    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount, VolumeProjection,
 };
 use kube::Api;
 use kube::api::PostParams;
@@ -34,14 +34,13 @@ pub struct RootFs {
 }
 
 impl RootFs {
-    /// Lays out the root of `pod` (running `container`) under `pod_dir`; `claim` gives the folder
-    /// of a claim of the Pod's namespace. Fails while a ConfigMap or claim it mounts is missing.
+    /// Lays out the root of `pod` (running `container`) under `pod_dir`. Fails while a ConfigMap
+    /// it mounts is missing or a claim it mounts is not bound.
     pub async fn mount(
         client: &kube::Client,
         pod: &Pod,
         container: &Container,
         pod_dir: &Path,
-        claim: impl Fn(&str) -> PathBuf,
     ) -> anyhow::Result<RootFs> {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let mounts = container.volume_mounts.clone().unwrap_or_default();
@@ -72,14 +71,7 @@ impl RootFs {
                 }
                 folder
             } else if let Some(source) = &volume.persistent_volume_claim {
-                let name = &source.claim_name;
-                Api::<PersistentVolumeClaim>::namespaced(client.clone(), &namespace)
-                    .get_opt(name)
-                    .await?
-                    .ok_or_else(|| anyhow!("persistentvolumeclaim \"{name}\" not found"))?;
-                let folder = claim(name);
-                std::fs::create_dir_all(&folder)?;
-                folder
+                bound_folder(client, &namespace, &source.claim_name).await?
             } else if let Some(source) = &volume.host_path {
                 PathBuf::from(&source.path)
             } else if volume.empty_dir.is_some() {
@@ -156,6 +148,29 @@ impl RootFs {
             _ => {}
         }
     }
+}
+
+/// The folder of the volume bound to claim `namespace/name`: a `hostPath` volume.
+async fn bound_folder(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<PathBuf> {
+    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await?
+        .ok_or_else(|| anyhow!("persistentvolumeclaim \"{name}\" not found"))?;
+    let volume = claim
+        .spec
+        .and_then(|s| s.volume_name)
+        .ok_or_else(|| anyhow!("persistentvolumeclaim \"{name}\" is not bound"))?;
+    let bound = Api::<PersistentVolume>::all(client.clone())
+        .get(&volume)
+        .await
+        .with_context(|| format!("persistentvolume \"{volume}\" of claim \"{name}\""))?;
+    let path = bound
+        .spec
+        .and_then(|s| s.host_path)
+        .map(|h| h.path)
+        .ok_or_else(|| anyhow!("persistentvolume \"{volume}\": only hostPath volumes are simulated"))?;
+    std::fs::create_dir_all(&path)?;
+    Ok(PathBuf::from(path))
 }
 
 /// Writes one source of a projected volume into `folder`: a token of the Pod's ServiceAccount

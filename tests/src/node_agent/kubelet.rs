@@ -1,5 +1,5 @@
-//! A simulated kubelet: runs each Pod's container as a local process and reports the Pod's state
-//! through the API, as a node's kubelet would.
+//! The node agent's kubelet: runs the container of each Pod bound to its Node as a local process
+//! and reports the Pod's state through the API, as a node's kubelet would.
 //!
 //! - Image: `ghcr.io/kart-dev/kart:<tag>` is the `kart` binary of this workspace with the image's
 //!   environment (its folder first on `PATH`, `KART_LOG=info`, the loader path libtorch needs);
@@ -15,13 +15,15 @@
 //!   period and failure threshold); restarts with back-off under `restartPolicy: Always` (and after
 //!   failed liveness probes); `Succeeded` or `Failed` with the exit code (128 + signal when killed)
 //!   and the termination message otherwise.
-//! - Deletion: SIGTERM, then SIGKILL after the Pod's grace period; each ending is an [`Exit`].
+//! - Deletion: SIGTERM, then SIGKILL after the Pod's grace period; once the process has ended,
+//!   the Pod is removed (a delete with no grace period, as a kubelet confirms one).
+//! - Files: each Pod's folder (see [`PodFiles`]) keeps its output, its process id and how a deleted
+//!   Pod's process ended, where tests read them as `kubectl logs` and a container runtime show them.
 //!
 //! Not simulated: several containers, init containers, resources, security contexts, exec and TCP
 //! probes, `envFrom` and variables from Secrets or ConfigMaps.
 
 use super::network::{self, Addresses};
-use super::objects;
 use super::rootfs::RootFs;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe, Secret, SecretKeySelector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -45,13 +47,65 @@ const ENTRYPOINT: &str = "kart";
 const MAX_MESSAGE: usize = 4096;
 
 /// How the process of a deleted Pod ended.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Exit {
-    pub namespace: String,
-    pub pod: String,
-    pub status: std::process::ExitStatus,
+    /// The exit code, 128 + the signal for a process a signal ended.
+    pub code: i32,
     /// Whether SIGKILL ended it after the grace period because SIGTERM did not.
     pub killed_after_grace: bool,
+}
+
+/// The files the kubelet keeps of a Pod, in `<node folder>/pods/<namespace>/<name>/`.
+#[derive(Debug, Clone)]
+pub struct PodFiles(PathBuf);
+
+impl PodFiles {
+    /// The files of Pod `namespace/name` of the node whose folder is `node_dir`.
+    pub fn new(node_dir: &std::path::Path, namespace: &str, name: &str) -> PodFiles {
+        PodFiles(node_dir.join("pods").join(namespace).join(name))
+    }
+
+    /// The Pod's folder.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    /// The output of the container (all its runs), as `kubectl logs` shows it.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.0.join("log")).unwrap_or_default()
+    }
+
+    /// The process id of the container's running process.
+    pub fn pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.0.join("pid")).ok()?.trim().parse().ok()
+    }
+
+    /// How the process of the deleted Pod ended, once it has.
+    pub fn exit(&self) -> Option<Exit> {
+        let text = std::fs::read_to_string(self.0.join("exit.json")).ok()?;
+        let exit: Value = serde_json::from_str(&text).ok()?;
+        Some(Exit {
+            code: i32::try_from(exit["code"].as_i64()?).ok()?,
+            killed_after_grace: exit["killed_after_grace"].as_bool()?,
+        })
+    }
+
+    fn set_pid(&self, pid: Option<u32>) {
+        let _ = match pid {
+            Some(pid) => std::fs::write(self.0.join("pid"), pid.to_string()),
+            None => std::fs::remove_file(self.0.join("pid")),
+        };
+    }
+
+    fn set_exit(&self, exit: &Exit) -> std::io::Result<()> {
+        let record = json!({"code": exit.code, "killed_after_grace": exit.killed_after_grace});
+        std::fs::write(self.0.join("exit.json"), record.to_string())
+    }
+}
+
+/// The exit code a process's status stands for (128 + the signal that ended it).
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 /// Why a Pod's container cannot start yet: the waiting reason and message.
@@ -125,7 +179,7 @@ struct Slot {
     restart_policy: String,
     grace: Duration,
     rootfs: RootFs,
-    log: PathBuf,
+    files: PodFiles,
     program: Vec<String>,
     env: Vec<(String, String)>,
     process: Option<tokio::process::Child>,
@@ -150,7 +204,8 @@ impl Slot {
     fn start(&mut self) {
         let spawned = (|| {
             std::fs::write(self.rootfs.termination_log(), "")?;
-            let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+            let log =
+                std::fs::OpenOptions::new().create(true).append(true).open(self.files.dir().join("log"))?;
             tokio::process::Command::new(&self.program[0])
                 .args(&self.program[1..])
                 .env_clear()
@@ -164,6 +219,7 @@ impl Slot {
         })();
         match spawned {
             Ok(child) => {
+                self.files.set_pid(child.id());
                 self.process = Some(child);
                 self.state = json!({"running": {"startedAt": now()}});
                 let start = Instant::now();
@@ -185,6 +241,7 @@ impl Slot {
             terminated["message"] = json!(message);
         }
         self.process = None;
+        self.files.set_pid(None);
         self.ready = false;
         let restart = match self.restart_policy.as_str() {
             "Never" => false,
@@ -207,7 +264,7 @@ impl Slot {
     fn advance(&mut self, now: Instant) {
         if let Some(child) = &mut self.process {
             if let Ok(Some(status)) = child.try_wait() {
-                let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+                let code = exit_code(status);
                 let mut message = std::fs::read(self.rootfs.termination_log()).unwrap_or_default();
                 message.truncate(MAX_MESSAGE);
                 let reason = if code == 0 { "Completed" } else { "Error" };
@@ -242,7 +299,7 @@ impl Slot {
     }
 }
 
-/// The kubelet of the one node.
+/// The kubelet of a Node.
 pub struct Kubelet {
     client: kube::Client,
     http: reqwest::Client,
@@ -253,12 +310,16 @@ pub struct Kubelet {
     slots: Mutex<HashMap<String, Slot>>,
     /// The waiting status last reported for Pods that could not start, by uid.
     waiting: Mutex<HashMap<String, Value>>,
-    exits: Arc<Mutex<Vec<Exit>>>,
-    /// The Node whose Pods this kubelet runs, against a real API server (none: every Pod, the
-    /// simulated cluster's way).
-    node: Option<String>,
+    /// The Node whose Pods this kubelet runs.
+    node: String,
     /// Deleted Pods whose processes are being stopped, by uid.
     stopping: Arc<Mutex<HashSet<String>>>,
+}
+
+/// Whether the Pod has not finished (`Succeeded` or `Failed`) and is not being deleted.
+fn is_active(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    !matches!(phase, Some("Succeeded" | "Failed")) && pod.metadata.deletion_timestamp.is_none()
 }
 
 /// `name=value` in `env`, replacing an earlier value (the last definition wins).
@@ -290,9 +351,15 @@ fn field(pod: &Pod, path: &str, ip: Ipv4Addr) -> Result<String, String> {
 }
 
 impl Kubelet {
-    /// A kubelet keeping Pod folders and claims under `dir`, running the kart image from the
-    /// binaries in `bin_dir`, with Services reached through the HTTP proxy `proxy`.
-    pub fn new(client: kube::Client, dir: PathBuf, bin_dir: &std::path::Path, proxy: String) -> Kubelet {
+    /// The kubelet of Node `node`, keeping Pod folders under `dir`, running the kart image from
+    /// the binaries in `bin_dir`, with Services reached through the HTTP proxy `proxy`.
+    pub fn new(
+        client: kube::Client,
+        node: &str,
+        dir: PathBuf,
+        bin_dir: &std::path::Path,
+        proxy: String,
+    ) -> Kubelet {
         let mut image_env = vec![
             ("PATH".to_string(), format!("{}:/usr/local/bin:/usr/bin:/bin", bin_dir.display())),
             ("KART_LOG".to_string(), "info".to_string()),
@@ -309,22 +376,9 @@ impl Kubelet {
             addresses: Addresses::default(),
             slots: Mutex::default(),
             waiting: Mutex::default(),
-            exits: Arc::default(),
-            node: None,
+            node: node.to_string(),
             stopping: Arc::default(),
         }
-    }
-
-    /// This kubelet as Node `name`'s against a real API server: it runs only the Pods the
-    /// scheduler bound to the Node, and a deleted Pod, which the API server keeps until its
-    /// kubelet confirms, is removed once its process has stopped.
-    pub fn on_node(mut self, name: &str) -> Kubelet {
-        self.node = Some(name.to_string());
-        self
-    }
-
-    fn pod_dir(&self, namespace: &str, name: &str) -> PathBuf {
-        self.dir.join("pods").join(namespace).join(name)
     }
 
     /// Everything needed to run `pod`, or why it cannot start yet.
@@ -340,9 +394,8 @@ impl Kubelet {
         if image.rsplit_once(':').map_or(image, |(repository, _)| repository) != KART_IMAGE {
             return Err(("ErrImagePull", format!("{image}: the harness runs only {KART_IMAGE} images")));
         }
-        let pod_dir = self.pod_dir(&namespace, &name);
-        let claims = |claim: &str| self.claim(&namespace, claim);
-        let rootfs = RootFs::mount(&self.client, pod, container, &pod_dir, claims)
+        let files = PodFiles::new(&self.dir, &namespace, &name);
+        let rootfs = RootFs::mount(&self.client, pod, container, files.dir())
             .await
             .map_err(|e| ("ContainerCreating", format!("{e:#}")))?;
         let ip = self.addresses.next();
@@ -382,7 +435,7 @@ impl Kubelet {
             restart_policy: spec.restart_policy.clone().unwrap_or_else(|| "Always".into()),
             grace: Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64),
             rootfs,
-            log: pod_dir.join("log"),
+            files,
             program,
             env,
             process: None,
@@ -428,7 +481,7 @@ impl Kubelet {
         if named(pod) {
             return Ok(ip.to_string());
         }
-        let Some(target) = pods.iter().filter(|p| objects::is_active(p)).find(|p| named(p)) else {
+        let Some(target) = pods.iter().filter(|p| is_active(p)).find(|p| named(p)) else {
             return Ok(value);
         };
         let uid = target.metadata.uid.as_deref().unwrap_or_default();
@@ -438,18 +491,15 @@ impl Kubelet {
         }
     }
 
-    /// Stops the process of a deleted Pod: SIGTERM, SIGKILL after the grace period; on a Node,
-    /// then removes the Pod.
+    /// Stops the process of a deleted Pod: SIGTERM, SIGKILL after the grace period; then removes
+    /// the Pod.
     fn stop(&self, uid: String, slot: Slot) {
-        let finalize = self.node.is_some().then(|| self.finalizer(uid.clone(), &slot.namespace, &slot.name));
+        let finalize = self.finalizer(uid.clone(), &slot.namespace, &slot.name);
         self.stopping.lock().expect("stopping lock").insert(uid);
         let Some(mut child) = slot.process else {
-            if let Some(finalize) = finalize {
-                tokio::spawn(finalize);
-            }
+            tokio::spawn(finalize);
             return;
         };
-        let exits = self.exits.clone();
         tokio::spawn(async move {
             if let Some(pid) = child.id() {
                 // SAFETY: signalling a child process this kubelet started and has not reaped.
@@ -462,13 +512,14 @@ impl Kubelet {
                     (child.wait().await, true)
                 }
             };
+            slot.files.set_pid(None);
             if let Ok(status) = status {
-                let exit = Exit { namespace: slot.namespace, pod: slot.name, status, killed_after_grace };
-                exits.lock().expect("exits lock").push(exit);
+                let exit = Exit { code: exit_code(status), killed_after_grace };
+                if let Err(e) = slot.files.set_exit(&exit) {
+                    eprintln!("kubelet: recording the exit of pod {}: {e}", slot.name);
+                }
             }
-            if let Some(finalize) = finalize {
-                finalize.await;
-            }
+            finalize.await;
         });
     }
 
@@ -494,10 +545,7 @@ impl Kubelet {
     /// One pass: stops the processes of deleted Pods, starts new Pods, notices exits, probes and
     /// reports every status that changed.
     pub async fn sync(&self) -> anyhow::Result<()> {
-        let params = match &self.node {
-            Some(node) => ListParams::default().fields(&format!("spec.nodeName={node}")),
-            None => ListParams::default(),
-        };
+        let params = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
         let pods = Api::<Pod>::all(self.client.clone()).list(&params).await?.items;
         let live: HashSet<&str> = pods
             .iter()
@@ -512,21 +560,19 @@ impl Kubelet {
         for (uid, slot) in gone {
             self.stop(uid, slot);
         }
-        if self.node.is_some() {
-            // Deleted Pods that never ran here (or were stopped before) go at once.
-            for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_some()) {
-                let uid = pod.metadata.uid.clone().unwrap_or_default();
-                let busy = self.stopping.lock().expect("stopping lock").contains(&uid)
-                    || self.slots.lock().expect("slots lock").contains_key(&uid);
-                if !busy {
-                    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-                    self.finalizer(uid, &namespace, &pod.name_any()).await;
-                }
+        // Deleted Pods that never ran here (or were stopped before) go at once.
+        for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_some()) {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let busy = self.stopping.lock().expect("stopping lock").contains(&uid)
+                || self.slots.lock().expect("slots lock").contains_key(&uid);
+            if !busy {
+                let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+                self.finalizer(uid, &namespace, &pod.name_any()).await;
             }
         }
         self.waiting.lock().expect("waiting lock").retain(|uid, _| live.contains(uid.as_str()));
 
-        for pod in pods.iter().filter(|p| objects::is_active(p)) {
+        for pod in pods.iter().filter(|p| is_active(p)) {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             if self.slots.lock().expect("slots lock").contains_key(&uid) {
                 continue;
@@ -634,49 +680,5 @@ impl Kubelet {
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// The folder of claim `namespace/name`, shared by every Pod that mounts it.
-    pub fn claim(&self, namespace: &str, name: &str) -> PathBuf {
-        self.dir.join("claims").join(namespace).join(name)
-    }
-
-    /// The process id of Pod `namespace/name`'s running container.
-    pub fn pid(&self, namespace: &str, name: &str) -> Option<u32> {
-        let slots = self.slots.lock().expect("slots lock");
-        let slot = slots.values().find(|s| s.namespace == namespace && s.name == name)?;
-        slot.process.as_ref()?.id()
-    }
-
-    /// How the processes of deleted Pods ended, in order.
-    pub fn exits(&self) -> Vec<Exit> {
-        self.exits.lock().expect("exits lock").clone()
-    }
-
-    /// The output of Pod `namespace/name`'s container (all its runs), as `kubectl logs` shows it.
-    pub fn logs(&self, namespace: &str, name: &str) -> String {
-        std::fs::read_to_string(self.pod_dir(namespace, name).join("log")).unwrap_or_default()
-    }
-
-    /// Every Pod the kubelet runs: its state and the end of its log.
-    pub fn describe(&self) -> String {
-        let slots = self.slots.lock().expect("slots lock");
-        let mut out = String::new();
-        for slot in slots.values() {
-            let log = self.logs(&slot.namespace, &slot.name);
-            let tail: Vec<&str> = log.lines().rev().take(15).collect();
-            out.push_str(&format!(
-                "pod {}/{} at {}: {} ready={} restarts={} state={}\n  {}\n",
-                slot.namespace,
-                slot.name,
-                slot.ip,
-                slot.phase,
-                slot.ready,
-                slot.restarts,
-                slot.state,
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n  ")
-            ));
-        }
-        out
     }
 }
