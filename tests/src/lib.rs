@@ -184,6 +184,52 @@ pub fn step_records(output_dir: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A `kart train` config of `steps` steps on the fixture model and the capitals world in `dir`
+/// ([`write_capitals`]), through the rollout workers at `workers`, writing into `out`; callers
+/// add the keys their test is about.
+pub fn capitals_train_config(dir: &Path, out: &Path, workers: &[&str], steps: u64) -> serde_json::Value {
+    serde_json::json!({
+        "model": shared_dir().join("fixtures/models/tiny-qwen2"),
+        "output_dir": out,
+        "total_steps": steps,
+        "seed": 3,
+        "data": {"train": dir.join("train.jsonl")},
+        "batch": {"prompts": 2, "n": 2, "mini_batch_prompts": 1, "micro_batch_size": 2},
+        "optim": {"lr": 1e-4},
+        "rollout": {
+            "urls": workers,
+            "env": {"kind": "search-r1", "max_turns": 2, "max_response_length": 16, "max_obs_length": 48},
+        },
+        "host": "127.0.0.1",
+        "port": 0,
+    })
+}
+
+/// `kart rollout serve` on the fixture model with `engine` (a config's `engine` value) and the
+/// retriever at `retriever_url`, its config written to `dir/rollout.json`, on a free loopback
+/// port: the process, once ready, and its URL.
+pub fn rollout_worker(dir: &Path, engine: serde_json::Value, retriever_url: &str) -> (Child, String) {
+    let port = free_port();
+    let config = dir.join("rollout.json");
+    let body = serde_json::json!({
+        "host": "127.0.0.1", "port": port, "model": shared_dir().join("fixtures/models/tiny-qwen2"),
+        "engine": engine, "retriever_url": retriever_url,
+    });
+    std::fs::write(&config, body.to_string()).expect("write the worker's config");
+    let mut child = Child(
+        std::process::Command::new(binary("kart"))
+            .args(["rollout", "serve", "--config"])
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start kart rollout serve"),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    wait_ready(&format!("{url}/readyz"), &mut child, std::time::Duration::from_secs(120));
+    (child, url)
+}
+
 /// The steps of the records of a training run's `metrics.jsonl` in `output_dir`, in order.
 pub fn steps_logged(output_dir: &Path) -> Vec<u64> {
     step_records(output_dir).iter().map(|r| r["step"].as_f64().unwrap_or(-1.0) as u64).collect()

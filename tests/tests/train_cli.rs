@@ -3,8 +3,7 @@
 //! to the worker, and a run killed with SIGKILL resumes from its checkpoint with the same data order.
 
 use kart_tests::{
-    Child, binary, capitals_retriever, free_port, fresh_dir, shared_dir, step_records, steps_logged,
-    wait_ready,
+    Child, binary, capitals_retriever, fresh_dir, rollout_worker, shared_dir, step_records, steps_logged,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -22,28 +21,8 @@ struct Services {
 
 fn start_services(dir: &Path) -> Services {
     let (retriever, retriever_url) = capitals_retriever(dir);
-
-    let worker_port = free_port();
-    let worker_config = dir.join("rollout.json");
-    let config = json!({
-        "host": "127.0.0.1",
-        "port": worker_port,
-        "model": shared_dir().join("fixtures/models/tiny-qwen2"),
-        "engine": {"kind": "embedded", "max_batch": 16},
-        "retriever_url": retriever_url,
-    });
-    std::fs::write(&worker_config, config.to_string()).unwrap();
-    let mut worker = Child(
-        Command::new(binary("kart"))
-            .args(["rollout", "serve", "--config"])
-            .arg(&worker_config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let worker_url = format!("http://127.0.0.1:{worker_port}");
-    wait_ready(&format!("{worker_url}/readyz"), &mut worker, Duration::from_secs(120));
+    let engine = json!({"kind": "embedded", "max_batch": 16});
+    let (worker, worker_url) = rollout_worker(dir, engine, &retriever_url);
     Services { _retriever: retriever, _worker: worker, worker_url }
 }
 

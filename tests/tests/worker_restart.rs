@@ -3,7 +3,8 @@
 //! it lost again once the worker is ready, and the run completes without `--resume`.
 
 use kart_tests::{
-    Child, binary, capitals_retriever, free_port, fresh_dir, shared_dir, step_records, wait_ready,
+    Child, binary, capitals_retriever, capitals_train_config, free_port, fresh_dir, shared_dir, step_records,
+    wait_ready,
 };
 use serde_json::json;
 use std::path::Path;
@@ -62,23 +63,9 @@ fn a_run_completes_through_a_worker_restart() {
 
     let out = dir.join("run");
     let train_config = dir.join("train.json");
-    let config = json!({
-        "model": shared_dir().join("fixtures/models/tiny-qwen2"),
-        "output_dir": out,
-        "total_steps": STEPS,
-        "seed": 3,
-        "data": {"train": dir.join("train.jsonl")},
-        "batch": {"prompts": 2, "n": 2, "mini_batch_prompts": 1, "micro_batch_size": 2},
-        "optim": {"lr": 1e-4},
-        "rollout": {
-            "urls": [worker_url],
-            "env": {"kind": "search-r1", "max_turns": 2, "max_response_length": 16, "max_obs_length": 48},
-            "retry_deadline_secs": 60,
-        },
-        "checkpoint": {"every": 0},
-        "host": "127.0.0.1",
-        "port": 0,
-    });
+    let mut config = capitals_train_config(&dir, &out, &[&worker_url], STEPS);
+    config["rollout"]["retry_deadline_secs"] = json!(60);
+    config["checkpoint"] = json!({"every": 0});
     std::fs::write(&train_config, config.to_string()).unwrap();
     let log = dir.join("train.log");
     let mut trainer = Child(

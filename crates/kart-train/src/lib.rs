@@ -36,6 +36,7 @@ pub mod pool;
 pub mod progress;
 pub mod record;
 pub mod replay;
+pub mod replicas;
 pub mod server;
 pub mod trainer;
 pub mod update;

@@ -30,6 +30,8 @@ pub struct TrainerMetrics {
     pub policy_version: Gauge,
     pub staleness: Histogram,
     pub weight_sync_seconds: Histogram,
+    pub weight_sync_replicas: Gauge,
+    pub weight_sync_bytes: IntCounter,
     pub trajectories: IntCounterVec,
     pub checkpoints: IntCounter,
     pub last_step_timestamp: Gauge,
@@ -120,6 +122,16 @@ impl TrainerMetrics {
                 "kart_trainer_weight_sync_seconds",
                 "Time to publish new weights to the rollout engines",
                 seconds,
+            ),
+            weight_sync_replicas: metrics::float_gauge(
+                r,
+                "kart_trainer_weight_sync_replicas",
+                "Rollout engines (inference replicas, or workers a push reached) that took the last publish",
+            ),
+            weight_sync_bytes: metrics::counter(
+                r,
+                "kart_trainer_weight_sync_bytes_total",
+                "Bytes of weights written or copied for the rollout engines",
             ),
             trajectories: metrics::counter_vec(
                 r,

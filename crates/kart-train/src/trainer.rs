@@ -455,8 +455,10 @@ impl Trainer {
     /// Publishes the policy as the current version.
     async fn publish(&self) -> Result<(), TrainError> {
         let started = Instant::now();
-        self.publisher.publish(&self.learner.policy, self.version).await?;
+        let published = self.publisher.publish(&self.learner.policy, self.version).await?;
         self.metrics.weight_sync_seconds.observe(started.elapsed().as_secs_f64());
+        self.metrics.weight_sync_replicas.set(published.replicas as f64);
+        self.metrics.weight_sync_bytes.inc_by(published.bytes);
         self.metrics.policy_version.set(self.version as f64);
         self.status.update(|s| s.policy_version = self.version);
         Ok(())

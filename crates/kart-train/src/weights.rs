@@ -7,8 +7,11 @@
 //!   before generating; pushing `POST /weights {version, url}` to each rollout URL is an
 //!   optimisation that loads one worker per URL ahead of the requests, and a push that fails (a
 //!   worker restarting) is only logged;
-//! - SGLang from disk: the trainer writes a Hugging Face folder to a shared path and calls each
-//!   server's `/update_weights_from_disk`.
+//! - SGLang from disk: the trainer writes a Hugging Face folder to a shared path and calls
+//!   `/update_weights_from_disk` with the version as `weight_version` on every replica behind the
+//!   configured URLs (see [`crate::replicas`]), each tried up to three times. A replica that still
+//!   fails fails the publish, and with it the step: no step trains on trajectories of replicas
+//!   left on different weights.
 
 use kart_model::CausalLm;
 
@@ -17,11 +20,13 @@ use kart_tokenizer::file::FileError;
 
 use kart_model::save_pretrained;
 
-use kart_core::engine::LoadWeightsError;
+use crate::replicas::{self, ResolveError};
+use kart_core::engine::{EngineError, LoadWeightsError};
 use kart_core::wire::WeightSource;
 use kart_http::token::Token;
 use kart_model::EmbeddedEngine;
 use kart_model::save_safetensors;
+use kart_rollout::engines::sglang::SglangEngine;
 use serde_json::json;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -37,7 +42,25 @@ pub enum SyncError {
     Remote { url: String, reason: String },
     #[error("embedded engine: {0}")]
     Engine(#[from] LoadWeightsError),
+    #[error("finding the inference replicas: {0}")]
+    Resolve(#[from] ResolveError),
+    #[error("weights v{version} reached {updated} of {total} SGLang replicas: {failures}")]
+    Replicas { version: i64, updated: usize, total: usize, failures: String },
 }
+
+/// What a publish did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// Engines that hold the new version (for HTTP pull: the workers a push reached).
+    pub replicas: usize,
+    /// Bytes of the weights written or copied.
+    pub bytes: u64,
+}
+
+/// Attempts of one replica's update before the publish fails.
+const UPDATE_ATTEMPTS: u32 = 3;
+/// How long one replica may take to load a version.
+const UPDATE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The newest published weights files, served at `/weights/{version}`.
 #[derive(Debug, Clone, Default)]
@@ -108,8 +131,8 @@ pub enum Publisher {
         keep: usize,
         client: reqwest::Client,
     },
-    /// SGLang servers reload a Hugging Face folder from a shared path.
-    SglangDisk { path: PathBuf, urls: Vec<String>, source_dir: PathBuf, client: reqwest::Client },
+    /// SGLang servers reload a Hugging Face folder from a shared path: every replica behind `urls`.
+    SglangDisk { path: PathBuf, urls: Vec<String>, source_dir: PathBuf },
 }
 
 impl Publisher {
@@ -128,18 +151,24 @@ impl Publisher {
 
     /// An SGLang publisher writing folders under `path`.
     pub fn sglang_disk(path: PathBuf, urls: Vec<String>, source_dir: PathBuf) -> Self {
-        Publisher::SglangDisk { path, urls, source_dir, client: client(None) }
+        Publisher::SglangDisk { path, urls, source_dir }
     }
 
     /// Publishes the policy's weights as `version`; returns when every engine uses them (for HTTP
     /// pull: when they are served and one worker per rollout URL that took the push uses them).
-    pub async fn publish(&self, policy: &CausalLm, version: i64) -> Result<(), SyncError> {
+    pub async fn publish(&self, policy: &CausalLm, version: i64) -> Result<Published, SyncError> {
+        let bytes = policy
+            .named_tensors()
+            .iter()
+            .map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64)
+            .sum();
         match self {
             Publisher::InProcess(engine) => {
                 let tensors = tch::no_grad(|| {
                     policy.named_tensors().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
                 });
-                Ok(engine.load_tensors(tensors, version).await?)
+                engine.load_tensors(tensors, version).await?;
+                Ok(Published { replicas: 1, bytes })
             }
             Publisher::HttpPull { workers, from, dir, store, keep, client } => {
                 let file = dir.join(format!("v{version}.safetensors"));
@@ -150,23 +179,37 @@ impl Publisher {
                 let body = json!(from.source(version));
                 let calls = workers.iter().map(|w| async {
                     let pushed = post(client, format!("{}/weights", w.trim_end_matches('/')), &body).await;
-                    if let Err(error) = pushed {
+                    if let Err(error) = &pushed {
                         tracing::warn!(version, %error, "pushing weights failed; the worker loads them on its next request");
                     }
+                    pushed.is_ok()
                 });
-                futures::future::join_all(calls).await;
-                Ok(())
+                let pushed = futures::future::join_all(calls).await;
+                Ok(Published { replicas: pushed.into_iter().filter(|ok| *ok).count(), bytes })
             }
-            Publisher::SglangDisk { path, urls, source_dir, client } => {
+            Publisher::SglangDisk { path, urls, source_dir } => {
                 let folder = path.join(format!("v{version}"));
                 let tensors = policy.named_tensors();
                 save_pretrained(&folder, policy.config(), &tensors, Some(source_dir), policy.kind())
                     .map_err(|source| SyncError::Write { version, source })?;
-                let body = json!({"model_path": folder});
-                let calls = urls.iter().map(|u| {
-                    post(client, format!("{}/update_weights_from_disk", u.trim_end_matches('/')), &body)
-                });
-                futures::future::try_join_all(calls).await?;
+                let replicas = replicas::resolve(urls).await?;
+                let model_path = folder.display().to_string();
+                let updates = replicas.iter().map(|r| update_from_disk(r, &model_path, version));
+                let outcomes = futures::future::join_all(updates).await;
+                let failures: Vec<String> = replicas
+                    .iter()
+                    .zip(outcomes)
+                    .filter_map(|(replica, outcome)| outcome.err().map(|e| format!("{replica}: {e}")))
+                    .collect();
+                if replicas.is_empty() || !failures.is_empty() {
+                    let total = replicas.len();
+                    return Err(SyncError::Replicas {
+                        version,
+                        updated: total - failures.len(),
+                        total,
+                        failures: if total == 0 { "none found".into() } else { failures.join("; ") },
+                    });
+                }
                 // Keep the folder the servers now use and the one before (a server may still read it).
                 if let Ok(entries) = std::fs::read_dir(path) {
                     for entry in entries.flatten() {
@@ -177,13 +220,33 @@ impl Publisher {
                         }
                     }
                 }
-                Ok(())
+                Ok(Published { replicas: replicas.len(), bytes })
             }
         }
     }
 }
 
-/// A client of kart's workers bearing `token`, or of SGLang servers without one.
+/// Loads the folder `model_path` on the SGLang server at `replica` as `version`, trying
+/// [`UPDATE_ATTEMPTS`] times with a doubling pause.
+async fn update_from_disk(replica: &str, model_path: &str, version: i64) -> Result<(), EngineError> {
+    let engine = SglangEngine::new(replica, UPDATE_TIMEOUT);
+    let mut pause = Duration::from_secs(1);
+    let mut attempt = 1;
+    loop {
+        match engine.update_weights_from_disk(model_path, version).await {
+            Ok(()) => return Ok(()),
+            Err(error) if attempt < UPDATE_ATTEMPTS => {
+                tracing::warn!(replica, version, attempt, %error, "updating an SGLang replica failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                attempt += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// A client of kart's workers bearing `token`.
 fn client(token: Option<&Token>) -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(600))

@@ -35,8 +35,8 @@ pub fn config_map(meta: ObjectMeta, text: String) -> ConfigMap {
     }
 }
 
-/// A Service over the pods `selector` matches; headless (and publishing pods before they are
-/// ready, for rendezvous) when `headless`.
+/// A Service over the pods `selector` matches; headless (a DNS record per Pod, no virtual IP)
+/// when `headless`.
 pub fn service(
     meta: ObjectMeta,
     selector: BTreeMap<String, String>,
@@ -59,7 +59,6 @@ pub fn service(
                     .collect(),
             ),
             cluster_ip: headless.then(|| "None".to_string()),
-            publish_not_ready_addresses: headless.then_some(true),
             ..ServiceSpec::default()
         }),
         ..Service::default()

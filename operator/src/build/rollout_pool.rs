@@ -27,7 +27,18 @@ pub struct RolloutPoolChildren {
     /// The token the workers and the trainers using the pool share (created once).
     pub token: Secret,
     /// The inference servers, when the operator runs them.
-    pub inference: Option<(Deployment, Service)>,
+    pub inference: Option<Inference>,
+}
+
+/// The SGLang or vLLM servers of a pool.
+#[derive(Debug, Clone)]
+pub struct Inference {
+    pub deployment: Deployment,
+    /// The Service the workers generate through.
+    pub service: Service,
+    /// A headless Service with a DNS record per ready server, through which a trainer updates
+    /// every replica's weights.
+    pub replicas: Service,
 }
 
 /// Name of the worker Deployment, Service and ConfigMap.
@@ -38,6 +49,12 @@ pub fn workload_name(name: &str) -> String {
 /// Name of the Secret holding the pool's token.
 pub fn token_secret_name(name: &str) -> String {
     format!("{name}-token")
+}
+
+/// The URL standing for every ready SGLang server of pool `pool` in `namespace` (its headless
+/// replicas Service), for `weight_sync.urls`.
+pub fn sglang_replicas_url(pool: &str, namespace: &str) -> String {
+    meta::endpoint(&format!("{pool}-sglang-replicas"), namespace, SGLANG_PORT)
 }
 
 /// The URL the trainer reaches the pool at.
@@ -164,8 +181,8 @@ pub fn children(pool: &RolloutPool, settings: &Settings) -> Result<RolloutPoolCh
     })
 }
 
-/// The SGLang or vLLM Deployment and Service, serving `config.model`.
-fn inference(pool: &RolloutPool, settings: &Settings) -> Option<(Deployment, Service)> {
+/// The SGLang or vLLM Deployment and Services, serving `config.model`.
+fn inference(pool: &RolloutPool, settings: &Settings) -> Option<Inference> {
     let (kind, port) = server_kind(pool)?;
     let server = pool.spec.inference.as_ref()?;
     let name = pool.name_any();
@@ -203,10 +220,17 @@ fn inference(pool: &RolloutPool, settings: &Settings) -> Option<(Deployment, Ser
         Vec::new(),
         None,
     );
-    Some((
-        deployment(child(pool, &workload, kind), server.replicas, meta::selector(&name, kind), pod),
-        service(child(pool, &workload, kind), meta::selector(&name, kind), &[("http", port)], false),
-    ))
+    let selector = meta::selector(&name, kind);
+    Some(Inference {
+        deployment: deployment(child(pool, &workload, kind), server.replicas, selector.clone(), pod),
+        service: service(child(pool, &workload, kind), selector.clone(), &[("http", port)], false),
+        replicas: service(
+            child(pool, &format!("{workload}-replicas"), kind),
+            selector,
+            &[("http", port)],
+            true,
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -258,8 +282,14 @@ mod tests {
             ("KART_TOKEN", "pool-token", "token")
         );
 
-        let (server, service) = c.inference.as_ref().unwrap();
+        let Inference { deployment: server, service, replicas } = c.inference.as_ref().unwrap();
         assert_eq!(server.metadata.name.as_deref(), Some("pool-sglang"));
+        let replicas_spec = replicas.spec.as_ref().unwrap();
+        assert_eq!(replicas.metadata.name.as_deref(), Some("pool-sglang-replicas"));
+        assert_eq!(replicas_spec.cluster_ip.as_deref(), Some("None"), "a DNS record per server");
+        assert_eq!(replicas_spec.publish_not_ready_addresses, None, "only servers that loaded a model");
+        assert_eq!(replicas_spec.selector, service.spec.as_ref().unwrap().selector);
+        assert_eq!(sglang_replicas_url("pool", "ml"), "http://pool-sglang-replicas.ml.svc:30000");
         let container = &server.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
         assert_eq!(container.image.as_deref(), Some("lmsysorg/sglang:latest"));
         assert_eq!(container.command.as_ref().unwrap(), &["python3", "-m", "sglang.launch_server"]);
@@ -289,7 +319,7 @@ mod tests {
         pool.spec.config.engine =
             EngineConfig::Vllm { urls: vec![], model: "qwen".into(), timeout_secs: 60.0 };
         let c = children(&pool, &Settings::default()).unwrap();
-        let (server, _) = c.inference.as_ref().unwrap();
+        let server = &c.inference.as_ref().unwrap().deployment;
         let container = &server.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
         assert_eq!(container.command.as_ref().unwrap(), &["vllm", "serve", "/models/qwen"]);
         assert!(container.args.as_ref().unwrap().windows(2).any(|w| w == ["--served-model-name", "qwen"]));

@@ -74,7 +74,8 @@ pub fn status_url(tj: &TrainingJob) -> String {
 
 /// The config the trainer reads: the user's with `output_dir` on the checkpoint volume, the
 /// server on 0.0.0.0:8002, `rollout.urls` from `rolloutPoolRef` and `rollout.retriever_url` from
-/// `retrieverRef` when unset, and the weight-sync URL workers pull from.
+/// `retrieverRef` when unset, and the weight-sync URLs: the one workers pull from, or the pool's
+/// SGLang replicas (every ready server) for `sglang_disk` without `urls`.
 pub fn render_config(tj: &TrainingJob) -> TrainConfig {
     let name = tj.name_any();
     let namespace = tj.namespace().unwrap_or_default();
@@ -95,8 +96,16 @@ pub fn render_config(tj: &TrainingJob) -> TrainConfig {
         config.rollout.context.retriever_url =
             Some(meta::endpoint(&retriever::workload_name(r), &namespace, super::RETRIEVER_PORT));
     }
-    if let WeightSync::HttpPull { advertise_url: url @ None } = &mut config.weight_sync {
-        *url = Some(meta::endpoint(&workload_name(&name), &namespace, TRAINER_PORT));
+    match &mut config.weight_sync {
+        WeightSync::HttpPull { advertise_url: url @ None } => {
+            *url = Some(meta::endpoint(&workload_name(&name), &namespace, TRAINER_PORT));
+        }
+        WeightSync::SglangDisk { urls, .. } if urls.is_empty() => {
+            if let Some(pool) = &spec.rollout_pool_ref {
+                *urls = vec![rollout_pool::sglang_replicas_url(pool, &namespace)];
+            }
+        }
+        _ => {}
     }
     config
 }
@@ -341,6 +350,16 @@ mod tests {
         assert_eq!(
             config.weight_sync,
             WeightSync::HttpPull { advertise_url: Some("http://run-trainer.ml.svc:8002".into()) }
+        );
+        let mut sglang = tj.clone();
+        sglang.spec.config.weight_sync = WeightSync::SglangDisk { path: "/weights".into(), urls: vec![] };
+        assert_eq!(
+            render_config(&sglang).weight_sync,
+            WeightSync::SglangDisk {
+                path: "/weights".into(),
+                urls: vec!["http://pool-sglang-replicas.ml.svc:30000".into()]
+            },
+            "every replica of the pool's SGLang servers"
         );
         assert_eq!(c.claim.as_ref().unwrap().metadata.name.as_deref(), Some("run-checkpoints"));
         assert!(c.nodes_service.is_none());

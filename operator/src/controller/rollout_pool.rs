@@ -30,9 +30,10 @@ impl Kind for RolloutPool {
         ensure(ctx, &children.token).await?;
         apply(ctx, &children.config_map).await?;
         let inference = match &children.inference {
-            Some((deployment, service)) => {
-                let d = apply(ctx, deployment).await?;
-                apply(ctx, service).await?;
+            Some(servers) => {
+                let d = apply(ctx, &servers.deployment).await?;
+                apply(ctx, &servers.service).await?;
+                apply(ctx, &servers.replicas).await?;
                 Some(d)
             }
             None => None,

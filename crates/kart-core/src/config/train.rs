@@ -435,11 +435,13 @@ pub enum WeightSync {
         /// The URL workers reach the trainer at (default: `http://{host}:{port}`).
         advertise_url: Option<String>,
     },
-    /// Write a Hugging Face folder to a shared path and call SGLang's `/update_weights_from_disk`.
+    /// Write a Hugging Face folder to a shared path and call SGLang's `/update_weights_from_disk`
+    /// on every replica, with the version as `weight_version`.
     SglangDisk {
-        /// Shared folder the SGLang servers see at the same path.
+        /// Shared folder the SGLang servers see at the same path (absolute).
         path: PathBuf,
-        /// SGLang server URLs.
+        /// SGLang server URLs; a name with several addresses (a headless Service) stands for each
+        /// of them, so every replica is updated.
         urls: Vec<String>,
     },
 }
@@ -529,6 +531,23 @@ impl TrainConfig {
                 &"full",
                 "needs activation_checkpointing: true (a layer's gathered weights are dropped after its forward pass and gathered again for its recomputed backward pass)",
             );
+        }
+        if let WeightSync::SglangDisk { path, urls } = &self.weight_sync {
+            if !path.is_absolute() {
+                let value = format!("{path:?}");
+                return err(
+                    "weight_sync.path",
+                    &value,
+                    "must be an absolute path the SGLang servers see too",
+                );
+            }
+            if urls.is_empty() {
+                return err("weight_sync.urls", &"[]", "must name the SGLang servers to update");
+            }
+            if let Some(url) = urls.iter().find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
+            {
+                return err("weight_sync.urls", url, "must be http:// or https:// URLs");
+            }
         }
         if b.micro_batch_tokens == Some(0) {
             return err("batch.micro_batch_tokens", &0, "must be at least 1");
@@ -711,6 +730,26 @@ mod tests {
         let mut c = valid();
         c.batch.micro_batch_tokens = Some(0);
         assert!(c.validate().unwrap_err().to_string().starts_with("batch.micro_batch_tokens = 0"));
+        let sglang = |path: &str, urls: &[&str]| WeightSync::SglangDisk {
+            path: path.into(),
+            urls: urls.iter().map(|u| u.to_string()).collect(),
+        };
+        for (sync, message) in [
+            (
+                sglang("weights", &["http://s:30000"]),
+                "weight_sync.path = \"weights\": must be an absolute path",
+            ),
+            (sglang("/w", &[]), "weight_sync.urls = []: must name the SGLang servers"),
+            (sglang("/w", &["s:30000"]), "weight_sync.urls = s:30000: must be http:// or https://"),
+        ] {
+            let mut c = valid();
+            c.weight_sync = sync;
+            let error = c.validate().unwrap_err().to_string();
+            assert!(error.starts_with(message), "{error}");
+        }
+        let mut c = valid();
+        c.weight_sync = sglang("/w", &["http://pool-sglang-replicas.ml.svc:30000"]);
+        assert_eq!(c.validate(), Ok(()));
     }
 
     #[test]
