@@ -216,3 +216,40 @@ async fn a_failed_request_is_counted_by_its_reason_and_retried_after_a_growing_b
         "the second failure in a row waits twice as long"
     );
 }
+
+#[tokio::test]
+async fn a_training_job_on_a_vllm_pool_is_refused_naming_the_reference() {
+    let (ctx, mut api) = context();
+    let tj: TrainingJob = resource(
+        "TrainingJob",
+        json!({"rolloutPoolRef": "pool", "config": {"model": "/m", "data": {"train": "/t.parquet"}}}),
+    );
+    let reconcile = tokio::spawn(controller::reconcile(Arc::new(tj), ctx));
+    expect(
+        &mut api,
+        Method::GET,
+        "/apis/kart.dev/v1alpha1/namespaces/ml/rolloutpools/pool",
+        false,
+        200,
+        |_| {
+            json!({"apiVersion": "kart.dev/v1alpha1", "kind": "RolloutPool",
+               "metadata": {"name": "pool", "namespace": "ml"},
+               "spec": {"config": {"model": "/m", "engine": {"kind": "vllm", "urls": [], "model": "m"}}}})
+        },
+    )
+    .await;
+    let status = expect(&mut api, Method::PATCH, "/apis/kart.dev/v1alpha1/namespaces/ml/trainingjobs/x/status", true, 200, |_| {
+        json!({"apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "x", "namespace": "ml"},
+               "spec": {"config": {}}})
+    })
+    .await;
+    let condition = &status["status"]["conditions"][0];
+    assert_eq!(condition["type"], "ValidationFailed");
+    let message = condition["message"].as_str().unwrap();
+    assert!(message.starts_with("spec.rolloutPoolRef = pool: the pool's engine is vLLM"), "{message}");
+    let event =
+        expect(&mut api, Method::POST, "/apis/events.k8s.io/v1/namespaces/ml/events", false, 201, echo).await;
+    assert_eq!(event["type"], "Warning");
+    let action = reconcile.await.unwrap().unwrap();
+    assert_eq!(action, kube::runtime::controller::Action::await_change());
+}

@@ -8,6 +8,8 @@
 use kart_core::config::retriever::RetrieverConfig;
 use kart_core::config::rollout::RolloutConfig;
 use kart_core::config::train::TrainConfig;
+use kart_operator::build::training_job::render_config;
+use kart_operator::crd::TrainingJob;
 use kart_tests::control_plane::ControlPlane;
 use kart_tests::operator::Operator;
 use kart_tests::{Child, binary, free_port, python, repo_root, shared_dir, wait_ready};
@@ -66,11 +68,14 @@ fn examples_match_the_crds_and_the_worker_configs() {
                 let _: RolloutConfig = serde_json::from_value(config(r)).unwrap_or_else(|e| fail(&e));
             }
             "TrainingJob" => {
-                let mut train: TrainConfig = serde_json::from_value(config(r)).unwrap_or_else(|e| fail(&e));
-                // What the operator fills in from spec.rolloutPoolRef.
-                let pool_name = &r["spec"]["rolloutPoolRef"];
-                train.rollout.urls = vec![format!("http://{}:8001", pool_name.as_str().unwrap())];
+                let _: TrainConfig = serde_json::from_value(config(r)).unwrap_or_else(|e| fail(&e));
+                // The config as the operator renders it from the resource (URLs filled in).
+                let job = json!({"apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob",
+                                 "metadata": {"name": r["name"]}, "spec": r["spec"]});
+                let job: TrainingJob = serde_json::from_value(job).unwrap_or_else(|e| fail(&e));
+                let train = render_config(&job);
                 train.validate().unwrap_or_else(|e| fail(&e));
+                let pool_name = &r["spec"]["rolloutPoolRef"];
                 // The environment the trainer requests is the one its pool is configured for.
                 assert_eq!(
                     train.rollout.env,

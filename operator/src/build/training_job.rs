@@ -17,11 +17,12 @@ use super::pod::{
     ContainerParts, STATUS_FILE, claim_volume, config_mount, config_volume, env, mount, template, token_env,
 };
 use super::{InvalidSpec, MASTER_PORT, Settings, TRAINER_PORT, config_path, retriever, rollout_pool};
-use crate::crd::TrainingJob;
+use crate::crd::{RolloutPool, TrainingJob};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, EnvVar, EnvVarSource, ObjectFieldSelector, PersistentVolumeClaim, Service,
 };
+use kart_core::config::rollout::EngineConfig;
 use kart_core::config::train::TrainConfig;
 use kart_core::config::train::WeightSync;
 use kube::ResourceExt;
@@ -171,6 +172,34 @@ pub fn validate(tj: &TrainingJob) -> Result<(), InvalidSpec> {
     render_config(tj)
         .validate()
         .map_err(|e| InvalidSpec::new(format!("spec.config.{}", e.field), e.value, e.reason))
+}
+
+/// Whether the trainer's weight sync can keep the engine of `pool` (the RolloutPool of
+/// `rolloutPoolRef`) on its weights: `http_pull` for kart's embedded engine, `sglang_disk` for
+/// SGLang; nothing yet for vLLM.
+pub fn weight_sync_fits(tj: &TrainingJob, pool: &RolloutPool) -> Result<(), InvalidSpec> {
+    let pool_name = pool.name_any();
+    let sync = render_config(tj).weight_sync;
+    let (kind, engine, wanted) = match (&pool.spec.config.engine, &sync) {
+        (EngineConfig::Embedded { .. }, WeightSync::HttpPull { .. })
+        | (EngineConfig::Sglang { .. }, WeightSync::SglangDisk { .. }) => return Ok(()),
+        (EngineConfig::Vllm { .. }, _) => {
+            return Err(InvalidSpec::new(
+                "spec.rolloutPoolRef",
+                &pool_name,
+                "the pool's engine is vLLM, whose servers kart cannot yet keep on the trainer's weights (no weight_sync for vLLM): use an SGLang or embedded pool",
+            ));
+        }
+        (EngineConfig::Embedded { .. }, WeightSync::SglangDisk { .. }) => {
+            ("sglang_disk", "embedded", "http_pull")
+        }
+        (EngineConfig::Sglang { .. }, WeightSync::HttpPull { .. }) => ("http_pull", "SGLang", "sglang_disk"),
+    };
+    Err(InvalidSpec::new(
+        "spec.config.weight_sync.kind",
+        kind,
+        format!("RolloutPool {pool_name} runs the {engine} engine: use {wanted}"),
+    ))
 }
 
 /// The TrainingJob's children other than its Jobs.
@@ -402,6 +431,27 @@ mod tests {
         assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
         assert_eq!(env["WORLD_SIZE"], "8", "one node's 8 GPUs (its nvidia.com/gpu limit)");
         assert_eq!(env["KART_STATUS_FILE"], "/dev/termination-log");
+    }
+
+    #[test]
+    fn the_weight_sync_must_fit_the_pools_engine() {
+        let mut tj = fixtures::training_job(1);
+        let mut pool = fixtures::rollout_pool();
+        let message =
+            |tj: &TrainingJob, pool: &RolloutPool| weight_sync_fits(tj, pool).unwrap_err().to_string();
+        assert_eq!(
+            message(&tj, &pool),
+            "spec.config.weight_sync.kind = http_pull: RolloutPool pool runs the SGLang engine: use sglang_disk"
+        );
+        tj.spec.config.weight_sync = WeightSync::SglangDisk { path: "/weights".into(), urls: vec![] };
+        assert_eq!(weight_sync_fits(&tj, &pool), Ok(()));
+        pool.spec.config.engine = EngineConfig::default();
+        assert!(message(&tj, &pool).starts_with("spec.config.weight_sync.kind = sglang_disk"));
+        tj.spec.config.weight_sync = WeightSync::default();
+        assert_eq!(weight_sync_fits(&tj, &pool), Ok(()));
+        pool.spec.config.engine =
+            EngineConfig::Vllm { urls: vec![], model: "qwen".into(), timeout_secs: 60.0 };
+        assert!(message(&tj, &pool).starts_with("spec.rolloutPoolRef = pool: the pool's engine is vLLM"));
     }
 
     #[test]

@@ -47,6 +47,15 @@ pub trait Kind:
     /// The children of this object, or why its spec cannot have any.
     fn children(&self, settings: &Settings) -> Result<Self::Children, InvalidSpec>;
 
+    /// Why the spec cannot work with the objects it refers to, read from the API (none unless the
+    /// kind checks some); a `Some` is handled as an invalid spec.
+    fn check_references(
+        &self,
+        _ctx: &Context,
+    ) -> impl Future<Output = Result<Option<InvalidSpec>, Error>> + Send {
+        async { Ok(None) }
+    }
+
     /// Brings `children` and the cluster in line with the spec; returns the next status.
     fn sync(
         &self,
@@ -139,6 +148,9 @@ pub async fn reconcile<K: Kind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action
         Ok(c) => c,
         Err(invalid) => return invalid_spec(obj.as_ref(), &ctx, &invalid, &now).await,
     };
+    if let Some(invalid) = obj.check_references(&ctx).await? {
+        return invalid_spec(obj.as_ref(), &ctx, &invalid, &now).await;
+    }
     let outcome = obj.sync(&ctx, children, &now).await?;
     record(obj.as_ref(), &ctx, &outcome.status, outcome.transition.as_ref()).await?;
     Ok(Action::requeue(outcome.requeue.unwrap_or(ctx.resync)))

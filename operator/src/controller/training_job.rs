@@ -13,7 +13,7 @@ use super::{Context, Error};
 use crate::build::meta::{COMPONENT as COMPONENT_LABEL, INSTANCE};
 use crate::build::training_job::{
     ATTEMPT, COMPONENT, TrainingJobChildren, children, job, job_name, nodes_service_name, status_url,
-    workload_name,
+    weight_sync_fits, workload_name,
 };
 use crate::build::{InvalidSpec, Settings};
 use crate::crd::condition::{self, types};
@@ -40,6 +40,14 @@ impl Kind for TrainingJob {
 
     fn children(&self, _settings: &Settings) -> Result<TrainingJobChildren, InvalidSpec> {
         children(self)
+    }
+
+    /// The weight sync against the engine of the RolloutPool of `rolloutPoolRef`.
+    async fn check_references(&self, ctx: &Context) -> Result<Option<InvalidSpec>, Error> {
+        let Some(pool) = &self.spec.rollout_pool_ref else { return Ok(None) };
+        let namespace = self.namespace().unwrap_or_default();
+        let pool = get::<RolloutPool>(ctx, &namespace, pool).await?;
+        Ok(pool.and_then(|p| weight_sync_fits(self, &p).err()))
     }
 
     /// Brings the children and status one step further.

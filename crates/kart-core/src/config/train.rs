@@ -441,7 +441,9 @@ pub enum WeightSync {
         /// Shared folder the SGLang servers see at the same path (absolute).
         path: PathBuf,
         /// SGLang server URLs; a name with several addresses (a headless Service) stands for each
-        /// of them, so every replica is updated.
+        /// of them, so every replica is updated. Under the operator, empty means every server of
+        /// the RolloutPool of `rolloutPoolRef`.
+        #[serde(default)]
         urls: Vec<String>,
     },
 }
