@@ -3,7 +3,8 @@
 //! rollout worker and a real retriever: every replica loads every version as its
 //! `weight_version`, a failed update is retried, the tokens carry the version that sampled them
 //! (so staleness is true), and a replica that keeps failing fails the run, naming it, rather than
-//! letting it train on replicas left on different weights.
+//! letting it train on replicas left on different weights; `http_pull` through SGLang workers,
+//! which would leave the servers on their first weights, fails at the first publish.
 
 use kart_tests::{Child, binary, capitals_retriever, capitals_train_config, free_port, fresh_dir, python};
 use kart_tests::{repo_root, rollout_worker, shared_dir, step_records, wait_ready};
@@ -119,4 +120,19 @@ fn a_replica_that_keeps_failing_fails_the_run_naming_it() {
     assert_eq!(updates(a_record).len(), 1, "the healthy replica loaded v0");
     assert!(step_records(&dir.join("out")).is_empty(), "no step trained");
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn http_pull_through_sglang_workers_fails_instead_of_training_on_stale_servers() {
+    let setup = Setup::start("kart-sglang-sync-pull", 0);
+    let config = capitals_train_config(&setup.dir, &setup.dir.join("out"), &[&setup.worker], STEPS);
+    let path = setup.dir.join("pull.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let output = Command::new(binary("kart")).args(["train", "--config"]).arg(&path).output().unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "SGLang servers would have kept the base weights: {log}");
+    assert!(log.contains("weight_sync.kind = http_pull needs workers of the embedded engine"), "{log}");
+    assert!(log.contains("engine loads weights itself"), "the worker's answer: {log}");
+    assert!(step_records(&setup.dir.join("out")).is_empty(), "no step trained");
+    std::fs::remove_dir_all(&setup.dir).unwrap();
 }

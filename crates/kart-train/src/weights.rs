@@ -40,6 +40,9 @@ pub enum SyncError {
     Write { version: i64, source: ModelError },
     #[error("{url}: {reason}")]
     Remote { url: String, reason: String },
+    /// The engine behind `url` does not take weights this way.
+    #[error("{url}: {reason}")]
+    Rejected { url: String, reason: String },
     #[error("embedded engine: {0}")]
     Engine(#[from] LoadWeightsError),
     #[error("finding the inference replicas: {0}")]
@@ -177,15 +180,29 @@ impl Publisher {
                     let _ = std::fs::remove_file(old);
                 }
                 let body = json!(from.source(version));
-                let calls = workers.iter().map(|w| async {
-                    let pushed = post(client, format!("{}/weights", w.trim_end_matches('/')), &body).await;
-                    if let Err(error) = &pushed {
-                        tracing::warn!(version, %error, "pushing weights failed; the worker loads them on its next request");
+                let calls = workers
+                    .iter()
+                    .map(|w| post(client, format!("{}/weights", w.trim_end_matches('/')), &body));
+                let mut replicas = 0;
+                for pushed in futures::future::join_all(calls).await {
+                    match pushed {
+                        Ok(()) => replicas += 1,
+                        // The worker's engine (SGLang, vLLM) loads no weights through it: nothing
+                        // would ever bring that engine to the trainer's weights.
+                        Err(SyncError::Rejected { url, reason }) => {
+                            return Err(SyncError::Remote {
+                                url,
+                                reason: format!(
+                                    "{reason}: weight_sync.kind = http_pull needs workers of the embedded engine (sglang_disk keeps SGLang servers on the trainer's weights)"
+                                ),
+                            });
+                        }
+                        Err(error) => {
+                            tracing::warn!(version, %error, "pushing weights failed; the worker loads them on its next request");
+                        }
                     }
-                    pushed.is_ok()
-                });
-                let pushed = futures::future::join_all(calls).await;
-                Ok(Published { replicas: pushed.into_iter().filter(|ok| *ok).count(), bytes })
+                }
+                Ok(Published { replicas, bytes })
             }
             Publisher::SglangDisk { path, urls, source_dir } => {
                 let folder = path.join(format!("v{version}"));
@@ -263,12 +280,18 @@ fn write_safetensors(policy: &CausalLm, file: &Path) -> Result<(), ModelError> {
     save_safetensors(file, tensors.iter().map(|(n, t)| (n.as_str(), t)), policy.kind())
 }
 
+/// Posts `body` to `url`; a `409 Conflict` (a worker whose engine loads no weights through it) is
+/// [`SyncError::Rejected`].
 async fn post(client: &reqwest::Client, url: String, body: &serde_json::Value) -> Result<(), SyncError> {
     let error = |reason: String| SyncError::Remote { url: url.clone(), reason };
     let response = client.post(&url).json(body).send().await.map_err(|e| error(e.to_string()))?;
     let status = response.status();
     if !status.is_success() {
-        return Err(error(format!("answered {status}: {}", response.text().await.unwrap_or_default())));
+        let reason = format!("answered {status}: {}", response.text().await.unwrap_or_default());
+        return Err(match status {
+            reqwest::StatusCode::CONFLICT => SyncError::Rejected { url, reason },
+            _ => error(reason),
+        });
     }
     Ok(())
 }
