@@ -5,21 +5,28 @@
   out. It plays a Search-R1 agent: it searches first, then answers once the context holds
   retrieved passages, so a real `kart rollout serve` makes real tool calls against a real
   retriever.
-- `POST /update_weights_from_disk` `{model_path, weight_version, ...}`: checks that `model_path`
-  is a Hugging Face folder (config.json and safetensors), then takes `weight_version` as the
-  server's version; answers `{success, message, num_paused_requests}` (400 with `success: false`
-  on failure, as SGLang does).
-- `GET /get_weight_version`, `GET /health`.
+- `POST /update_weights_from_disk` `{model_path, weight_version, abort_all_requests, ...}`:
+  checks that `model_path` is a Hugging Face folder (config.json and safetensors), aborts the
+  requests in flight when `abort_all_requests` (they answer with what they generated so far and
+  `finish_reason.type: abort`), then takes `weight_version` as the server's version; answers
+  `{success, message, num_paused_requests}` (400 with `success: false` on failure, as SGLang
+  does).
+- `GET /get_weight_version`, `GET /health`, and `GET /in_flight` (a stand-in's own: the most
+  tokens a request in flight has generated so far, so a test can update mid-generation).
 
-Usage: sglang.py MODEL_DIR PORT [--record FILE] [--fail-updates N]
-  --record FILE      append each accepted update to FILE as a JSON line {model_path, weight_version}
+Usage: sglang.py MODEL_DIR PORT [--record FILE] [--fail-updates N] [--token-seconds S]
+  --record FILE      append each accepted update to FILE as a JSON line {model_path,
+                     weight_version, abort_all_requests}, and each aborted request as
+                     {aborted: tokens generated}
   --fail-updates N   answer the first N updates with a failure (an unreadable folder, say)
+  --token-seconds S  generate one token every S seconds (default 0: at once)
 """
 
 import argparse
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tokenizers import Tokenizer
@@ -29,11 +36,20 @@ parser.add_argument("model_dir")
 parser.add_argument("port", type=int)
 parser.add_argument("--record")
 parser.add_argument("--fail-updates", type=int, default=0)
+parser.add_argument("--token-seconds", type=float, default=0.0)
 args = parser.parse_args()
 
 tokenizer = Tokenizer.from_file(f"{args.model_dir}/tokenizer.json")
-state = {"weight_version": "default", "failures_left": args.fail_updates}
+state = {"weight_version": "default", "failures_left": args.fail_updates, "aborts": 0}
+# Tokens generated so far by each request in flight.
+in_flight: dict[int, int] = {}
 lock = threading.Lock()
+
+
+def record(entry: dict) -> None:
+    if args.record:
+        with open(args.record, "a") as out:
+            out.write(json.dumps(entry) + "\n")
 
 
 def reply(input_ids: list[int]) -> str:
@@ -41,6 +57,14 @@ def reply(input_ids: list[int]) -> str:
     if "Doc 1(Title:" in context:
         return "<answer>William Shakespeare</answer>"
     return "<search>who wrote hamlet</search>"
+
+
+def continued(input_ids: list[int], reply_ids: list[int]) -> int:
+    """How many of `reply_ids` already end `input_ids` (a request continued after an abort)."""
+    for n in range(len(reply_ids), 0, -1):
+        if input_ids[-n:] == reply_ids[:n]:
+            return n
+    return 0
 
 
 def update_from_disk(body: dict) -> tuple[int, dict]:
@@ -52,11 +76,12 @@ def update_from_disk(body: dict) -> tuple[int, dict]:
         files = os.listdir(path) if os.path.isdir(path) else []
         if "config.json" not in files or not any(f.endswith(".safetensors") for f in files):
             return 400, {"success": False, "message": f"{path} is not a Hugging Face model folder"}
+        if body.get("abort_all_requests"):
+            state["aborts"] += 1
         if body.get("weight_version") is not None:
             state["weight_version"] = body["weight_version"]
-        if args.record:
-            with open(args.record, "a") as record:
-                record.write(json.dumps({"model_path": path, "weight_version": body.get("weight_version")}) + "\n")
+        abort_all = bool(body.get("abort_all_requests"))
+        record({"model_path": path, "weight_version": body.get("weight_version"), "abort_all_requests": abort_all})
     return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
 
 
@@ -66,6 +91,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(200, {"status": "ok"})
         if self.path == "/get_weight_version":
             return self.send(200, {"weight_version": state["weight_version"]})
+        if self.path == "/in_flight":
+            return self.send(200, {"tokens": max(in_flight.values(), default=0)})
         self.send(404, {"error": "not found"})
 
     def do_POST(self) -> None:
@@ -74,18 +101,34 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(*update_from_disk(body))
         if self.path != "/generate":
             return self.send(404, {"error": "not found"})
+        # The whole reply for the context before any generated tokens: a continued request carries
+        # the tokens generated so far, which the reply goes on from.
         text = reply(body["input_ids"])
         ids = tokenizer.encode(text, add_special_tokens=False).ids
+        done = continued(body["input_ids"], ids)
+        ids = ids[done:]
+        version, aborts = state["weight_version"], state["aborts"]
+        finish = {"type": "stop", "matched": text[text.rindex("</") :]}
+        key = threading.get_ident()
+        for n in range(len(ids)):
+            in_flight[key] = n
+            time.sleep(args.token_seconds)
+            if state["aborts"] != aborts:
+                ids = ids[:n]
+                finish = {"type": "abort", "message": "Abort in running batch", "status_code": 200}
+                record({"aborted": n})
+                break
+        in_flight.pop(key, None)
         self.send(
             200,
             {
-                "text": text,
+                "text": tokenizer.decode(ids),
                 "output_ids": ids,
                 "meta_info": {
-                    "finish_reason": {"type": "stop", "matched": text[text.rindex("</") :]},
+                    "finish_reason": finish,
                     "prompt_tokens": len(body["input_ids"]),
                     "completion_tokens": len(ids),
-                    "weight_version": state["weight_version"],
+                    "weight_version": version,
                     "output_token_logprobs": [[-0.5, i, None] for i in ids],
                 },
             },

@@ -9,12 +9,23 @@ use crate::generation::{Generation, GenerationRequest};
 use futures::future::BoxFuture;
 use std::path::PathBuf;
 
-/// One generation, tagged with the policy version that produced it.
+/// One generation, tagged with the policy versions that produced it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineOutput {
     pub generation: Generation,
-    /// The policy version of the weights that generated every token of this output.
+    /// The policy version of the weights that generated the tokens (those after `earlier`'s).
     pub version: i64,
+    /// The generation's first tokens when earlier weights sampled them: `(tokens, version)` spans
+    /// in order, left by a request that a weight update interrupted and the engine continued on
+    /// the new weights. Empty when one version sampled every token.
+    pub earlier: Vec<(usize, i64)>,
+}
+
+impl EngineOutput {
+    /// A generation whose every token the weights of `version` sampled.
+    pub fn new(generation: Generation, version: i64) -> Self {
+        EngineOutput { generation, version, earlier: Vec::new() }
+    }
 }
 
 /// Why an engine could not generate.

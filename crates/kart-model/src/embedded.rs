@@ -150,7 +150,7 @@ impl EngineLoop {
                 Ok(finished) => {
                     for (id, generation) in finished {
                         if let Some(reply) = replies.remove(&id) {
-                            let _ = reply.send(Ok(EngineOutput { generation, version: self.version }));
+                            let _ = reply.send(Ok(EngineOutput::new(generation, self.version)));
                         }
                     }
                 }

@@ -21,7 +21,13 @@ impl TrajectoryBuilder {
     /// Appends a model turn and returns its text (the decoding of exactly those tokens).
     pub fn push_model(&mut self, output: &EngineOutput) -> Result<String, BuildError> {
         let g = &output.generation;
-        self.trajectory.push_model(&g.token_ids, &g.logprobs, output.version)?;
+        let mut start = 0;
+        for &(tokens, version) in &output.earlier {
+            let end = (start + tokens).min(g.token_ids.len());
+            self.trajectory.push_model(&g.token_ids[start..end], &g.logprobs[start..end], version)?;
+            start = end;
+        }
+        self.trajectory.push_model(&g.token_ids[start..], &g.logprobs[start..], output.version)?;
         self.trajectory.stats.turns += 1;
         Ok(self.tokenizer.decode(&g.token_ids, false)?)
     }

@@ -73,7 +73,7 @@ impl ScriptedEngine {
         }
         let logprobs = vec![-0.5; token_ids.len()];
         let version = self.version.load(Ordering::SeqCst);
-        Ok(EngineOutput { generation: Generation { token_ids, logprobs, finish_reason }, version })
+        Ok(EngineOutput::new(Generation { token_ids, logprobs, finish_reason }, version))
     }
 }
 

@@ -768,7 +768,12 @@ fn connect(
         }
         WeightSync::SglangDisk { path, urls: servers } => (
             Arc::new(RemotePool::new(urls, None, timeout, retry_deadline, endpoints.serving.token.as_ref())),
-            Publisher::sglang_disk(path.clone(), servers.clone(), config.model.clone()),
+            Publisher::sglang_disk(
+                path.clone(),
+                servers.clone(),
+                config.model.clone(),
+                config.rollout.interruptible,
+            ),
         ),
     })
 }

@@ -134,8 +134,9 @@ pub enum Publisher {
         keep: usize,
         client: reqwest::Client,
     },
-    /// SGLang servers reload a Hugging Face folder from a shared path: every replica behind `urls`.
-    SglangDisk { path: PathBuf, urls: Vec<String>, source_dir: PathBuf },
+    /// SGLang servers reload a Hugging Face folder from a shared path: every replica behind `urls`,
+    /// aborting the requests in flight when `interrupt`.
+    SglangDisk { path: PathBuf, urls: Vec<String>, source_dir: PathBuf, interrupt: bool },
 }
 
 impl Publisher {
@@ -153,8 +154,8 @@ impl Publisher {
     }
 
     /// An SGLang publisher writing folders under `path`.
-    pub fn sglang_disk(path: PathBuf, urls: Vec<String>, source_dir: PathBuf) -> Self {
-        Publisher::SglangDisk { path, urls, source_dir }
+    pub fn sglang_disk(path: PathBuf, urls: Vec<String>, source_dir: PathBuf, interrupt: bool) -> Self {
+        Publisher::SglangDisk { path, urls, source_dir, interrupt }
     }
 
     /// Publishes the policy's weights as `version`; returns when every engine uses them (for HTTP
@@ -204,14 +205,14 @@ impl Publisher {
                 }
                 Ok(Published { replicas, bytes })
             }
-            Publisher::SglangDisk { path, urls, source_dir } => {
+            Publisher::SglangDisk { path, urls, source_dir, interrupt } => {
                 let folder = path.join(format!("v{version}"));
                 let tensors = policy.named_tensors();
                 save_pretrained(&folder, policy.config(), &tensors, Some(source_dir), policy.kind())
                     .map_err(|source| SyncError::Write { version, source })?;
                 let replicas = replicas::resolve(urls).await?;
                 let model_path = folder.display().to_string();
-                let updates = replicas.iter().map(|r| update_from_disk(r, &model_path, version));
+                let updates = replicas.iter().map(|r| update_from_disk(r, &model_path, version, *interrupt));
                 let outcomes = futures::future::join_all(updates).await;
                 let failures: Vec<String> = replicas
                     .iter()
@@ -243,14 +244,19 @@ impl Publisher {
     }
 }
 
-/// Loads the folder `model_path` on the SGLang server at `replica` as `version`, trying
-/// [`UPDATE_ATTEMPTS`] times with a doubling pause.
-async fn update_from_disk(replica: &str, model_path: &str, version: i64) -> Result<(), EngineError> {
+/// Loads the folder `model_path` on the SGLang server at `replica` as `version` (aborting its
+/// requests in flight when `interrupt`), trying [`UPDATE_ATTEMPTS`] times with a doubling pause.
+async fn update_from_disk(
+    replica: &str,
+    model_path: &str,
+    version: i64,
+    interrupt: bool,
+) -> Result<(), EngineError> {
     let engine = SglangEngine::new(replica, UPDATE_TIMEOUT);
     let mut pause = Duration::from_secs(1);
     let mut attempt = 1;
     loop {
-        match engine.update_weights_from_disk(model_path, version).await {
+        match engine.update_weights_from_disk(model_path, version, interrupt).await {
             Ok(()) => return Ok(()),
             Err(error) if attempt < UPDATE_ATTEMPTS => {
                 tracing::warn!(replica, version, attempt, %error, "updating an SGLang replica failed; retrying");

@@ -399,6 +399,10 @@ pub struct RolloutSource {
     /// once a worker's `/readyz` answers, before they count as failed; 0 fails them at once.
     /// Other refusals (4xx) fail them at once.
     pub retry_deadline_secs: f64,
+    /// Let a weight update interrupt the generations in flight (`sglang_disk`: SGLang's
+    /// `abort_all_requests`) rather than wait for them to finish: the workers continue each from
+    /// its prefix on the new weights, every token keeping the version that sampled it.
+    pub interruptible: bool,
     /// Train on the groups recorded in this `rollouts.jsonl` (written with `dump_rollouts`), step
     /// by step in order, instead of generating: offline training, debugging, and deterministic
     /// runs.
@@ -420,6 +424,7 @@ impl Default for RolloutSource {
             max_staleness: 0,
             timeout_secs: 1800.0,
             retry_deadline_secs: 120.0,
+            interruptible: false,
             replay: None,
             context: ContextConfig::default(),
         }
@@ -532,6 +537,13 @@ impl TrainConfig {
                 "sharding",
                 &"full",
                 "needs activation_checkpointing: true (a layer's gathered weights are dropped after its forward pass and gathered again for its recomputed backward pass)",
+            );
+        }
+        if self.rollout.interruptible && !matches!(self.weight_sync, WeightSync::SglangDisk { .. }) {
+            return err(
+                "rollout.interruptible",
+                &true,
+                "needs weight_sync.kind = sglang_disk (the embedded engine already swaps weights between decoding steps)",
             );
         }
         if let WeightSync::SglangDisk { path, urls } = &self.weight_sync {
@@ -752,6 +764,14 @@ mod tests {
         let mut c = valid();
         c.weight_sync = sglang("/w", &["http://pool-sglang-replicas.ml.svc:30000"]);
         assert_eq!(c.validate(), Ok(()));
+        c.rollout.interruptible = true;
+        assert_eq!(c.validate(), Ok(()));
+        c.weight_sync = WeightSync::default();
+        let error = c.validate().unwrap_err().to_string();
+        assert!(
+            error.starts_with("rollout.interruptible = true: needs weight_sync.kind = sglang_disk"),
+            "{error}"
+        );
     }
 
     #[test]

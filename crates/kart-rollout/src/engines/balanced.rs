@@ -162,7 +162,7 @@ mod tests {
                     logprobs: vec![-0.5],
                     finish_reason: FinishReason::Stop,
                 };
-                Ok(EngineOutput { generation, version: self.id })
+                Ok(EngineOutput::new(generation, self.id))
             })
         }
 

@@ -17,9 +17,16 @@
 //!
 //! Policy versions: [`SglangEngine::update_weights_from_disk`] loads new weights and tags them with
 //! SGLang's `weight_version`, which the server reports in every response's `meta_info` at the moment
-//! the output finished (a weight update waits for running requests). Outputs carry that version
-//! when it is an integer, otherwise the one recorded (by [`SglangEngine::set_version`]) when the
-//! request was sent.
+//! the output finished (a weight update waits for running requests, unless it aborts them). Outputs
+//! carry that version when it is an integer, otherwise the one recorded (by
+//! [`SglangEngine::set_version`]) when the request was sent.
+//!
+//! Interrupted requests: an answer that finished with `abort` (a weight update with
+//! `abort_all_requests`) keeps the tokens and log-probabilities generated so far; the request is
+//! sent again with them appended to its `input_ids` and its `max_new_tokens` reduced, and goes on
+//! on the new weights, as AReaL continues interrupted generations. The output then carries each
+//! span of tokens with the version that sampled it ([`EngineOutput::earlier`]). A request aborted
+//! more than [`MAX_INTERRUPTIONS`] times fails as aborted.
 
 use super::http::HttpEngine;
 use futures::future::BoxFuture;
@@ -29,6 +36,17 @@ use kart_core::generation::Generation;
 use kart_core::generation::GenerationRequest;
 use serde_json::{Value, json};
 use std::time::Duration;
+
+/// Continuations of one request after interruptions, before it fails as aborted.
+pub const MAX_INTERRUPTIONS: usize = 4;
+
+/// What a `/generate` answer holds.
+enum Answer {
+    /// A finished generation.
+    Finished(EngineOutput),
+    /// The tokens of a request that was aborted, and the version that sampled them.
+    Interrupted { token_ids: Vec<u32>, logprobs: Vec<f32>, version: i64 },
+}
 
 /// An SGLang server reached over HTTP.
 #[derive(Debug)]
@@ -61,9 +79,17 @@ impl SglangEngine {
 
     /// Makes the server load the Hugging Face folder at `model_path` (a path on the server's
     /// filesystem) as policy `version`, through `POST /update_weights_from_disk`. SGLang finishes the
-    /// running requests first; new ones wait for the new weights. Records `version` on success.
-    pub async fn update_weights_from_disk(&self, model_path: &str, version: i64) -> Result<(), EngineError> {
-        let payload = json!({"model_path": model_path, "weight_version": version.to_string()});
+    /// running requests first, or with `abort_all` aborts them (their clients continue them on the
+    /// new weights); new ones wait for the new weights. Records `version` on success.
+    pub async fn update_weights_from_disk(
+        &self,
+        model_path: &str,
+        version: i64,
+        abort_all: bool,
+    ) -> Result<(), EngineError> {
+        let payload = json!({
+            "model_path": model_path, "weight_version": version.to_string(), "abort_all_requests": abort_all,
+        });
         let answer = self.http.post("/update_weights_from_disk", &payload).await?;
         // SGLang answers 400 with `success: false` when loading fails; a 200 says `success: true`.
         if answer["success"].as_bool() != Some(true) {
@@ -97,16 +123,16 @@ impl SglangEngine {
 
     /// The generation in a `/generate` answer, or why there is none; `recorded` is the version
     /// recorded when the request was sent.
-    fn parse(&self, url: &str, answer: &Value, recorded: i64) -> Result<EngineOutput, EngineError> {
+    fn parse(&self, url: &str, answer: &Value, recorded: i64) -> Result<Answer, EngineError> {
         let malformed = |what: String| self.http.malformed(url, what);
         let meta = &answer["meta_info"];
         let finish = &meta["finish_reason"];
         let finish_reason = match finish["type"].as_str() {
-            Some("stop") => FinishReason::Stop,
-            Some("length") => FinishReason::Length,
+            Some("stop") => Some(FinishReason::Stop),
+            Some("length") => Some(FinishReason::Length),
             Some("abort") => {
-                tracing::warn!(url, reason = %finish["message"], "sglang aborted a request");
-                return Err(EngineError::Aborted { engine: self.http.name().into() });
+                tracing::info!(url, reason = %finish["message"], "sglang interrupted a request; continuing it");
+                None
             }
             _ => {
                 return Err(malformed(format!(
@@ -114,9 +140,13 @@ impl SglangEngine {
                 )));
             }
         };
-        let entries = meta["output_token_logprobs"]
-            .as_array()
-            .ok_or_else(|| malformed("no `meta_info.output_token_logprobs` list".into()))?;
+        let no_tokens = Vec::new();
+        let entries = match meta["output_token_logprobs"].as_array() {
+            Some(entries) => entries,
+            // Aborted before its prefill: nothing generated.
+            None if finish_reason.is_none() => &no_tokens,
+            None => return Err(malformed("no `meta_info.output_token_logprobs` list".into())),
+        };
         let mut token_ids = Vec::with_capacity(entries.len());
         let mut logprobs = Vec::with_capacity(entries.len());
         for (i, entry) in entries.iter().enumerate() {
@@ -131,16 +161,59 @@ impl SglangEngine {
             logprobs.push(logprob as f32);
         }
         let version = meta["weight_version"].as_str().and_then(|v| v.parse().ok()).unwrap_or(recorded);
-        Ok(EngineOutput { generation: Generation { token_ids, logprobs, finish_reason }, version })
+        Ok(match finish_reason {
+            Some(finish_reason) => Answer::Finished(EngineOutput::new(
+                Generation { token_ids, logprobs, finish_reason },
+                version,
+            )),
+            None => Answer::Interrupted { token_ids, logprobs, version },
+        })
     }
 }
 
 impl Engine for SglangEngine {
     fn generate(&self, request: GenerationRequest) -> BoxFuture<'_, Result<EngineOutput, EngineError>> {
         Box::pin(async move {
-            let recorded = self.version();
-            let answer = self.http.post("/generate", &Self::payload(&request)).await?;
-            self.parse(&format!("{}/generate", self.url()), &answer, recorded)
+            let url = format!("{}/generate", self.url());
+            let mut request = request;
+            let (mut token_ids, mut logprobs, mut earlier) =
+                (Vec::new(), Vec::new(), Vec::<(usize, i64)>::new());
+            for _ in 0..=MAX_INTERRUPTIONS {
+                let recorded = self.version();
+                let answer = self.http.post("/generate", &Self::payload(&request)).await?;
+                let (ids, lps, version) = match self.parse(&url, &answer, recorded)? {
+                    Answer::Finished(mut output) if !token_ids.is_empty() => {
+                        token_ids.append(&mut output.generation.token_ids);
+                        logprobs.append(&mut output.generation.logprobs);
+                        (output.generation.token_ids, output.generation.logprobs) = (token_ids, logprobs);
+                        // Spans of the final version belong to its tokens.
+                        while earlier.last().is_some_and(|&(_, v)| v == output.version) {
+                            earlier.pop();
+                        }
+                        output.earlier = earlier;
+                        return Ok(output);
+                    }
+                    Answer::Finished(output) => return Ok(output),
+                    Answer::Interrupted { token_ids, logprobs, version } => (token_ids, logprobs, version),
+                };
+                match earlier.last_mut() {
+                    Some((n, v)) if *v == version => *n += ids.len(),
+                    _ if ids.is_empty() => {}
+                    _ => earlier.push((ids.len(), version)),
+                }
+                request.max_new_tokens = request.max_new_tokens.saturating_sub(ids.len());
+                request.input_ids.extend_from_slice(&ids);
+                token_ids.extend(ids);
+                logprobs.extend(lps);
+                if request.max_new_tokens == 0 {
+                    // The budget ran out as the request was interrupted.
+                    let (_, version) = earlier.pop().expect("tokens were generated");
+                    let generation = Generation { token_ids, logprobs, finish_reason: FinishReason::Length };
+                    return Ok(EngineOutput { generation, version, earlier });
+                }
+            }
+            tracing::warn!(url, interruptions = MAX_INTERRUPTIONS + 1, "sglang kept aborting a request");
+            Err(EngineError::Aborted { engine: self.http.name().into() })
         })
     }
 
@@ -331,19 +404,86 @@ pub(super) mod tests {
         let ok = json!({"success": true, "message": "Succeeded to update model weights.", "num_paused_requests": 0});
         let (url, requests) = fake(StatusCode::OK, ok.to_string()).await;
         let engine = engine(&url);
-        engine.update_weights_from_disk("/ckpt/step-3", 3).await.unwrap();
+        engine.update_weights_from_disk("/ckpt/step-3", 3, true).await.unwrap();
         assert_eq!(engine.version(), 3);
         let (path, body) = requests.lock().unwrap()[0].clone();
         assert_eq!(path, "/update_weights_from_disk");
-        assert_eq!(body, json!({"model_path": "/ckpt/step-3", "weight_version": "3"}));
+        let expected =
+            json!({"model_path": "/ckpt/step-3", "weight_version": "3", "abort_all_requests": true});
+        assert_eq!(body, expected);
 
         let failed = json!({"success": false, "message": "Failed to get weights iterator: /ckpt/x not found", "num_paused_requests": 0});
         let (url, _) = fake(StatusCode::BAD_REQUEST, failed.to_string()).await;
         let engine = SglangEngine::new(&url, Duration::from_secs(10));
-        match engine.update_weights_from_disk("/ckpt/x", 4).await.unwrap_err() {
+        match engine.update_weights_from_disk("/ckpt/x", 4, false).await.unwrap_err() {
             EngineError::Invalid(message) => assert!(message.contains("/ckpt/x not found"), "{message}"),
             other => panic!("expected Invalid, got {other:?}"),
         }
         assert_eq!(engine.version(), 0, "a failed update keeps the version");
+    }
+
+    /// A fake SGLang server answering its `/generate` requests with `answers` in turn (the last
+    /// one again once they run out), recording the requests.
+    async fn fake_answers(answers: Vec<String>) -> (String, Requests) {
+        let requests = Requests::default();
+        let seen = requests.clone();
+        let handler = move |Json(request): Json<Value>| {
+            let (seen, answers) = (seen.clone(), answers.clone());
+            async move {
+                let mut seen = seen.lock().unwrap();
+                seen.push(("/generate".to_string(), request));
+                let body = answers[(seen.len() - 1).min(answers.len() - 1)].clone();
+                (StatusCode::OK, [("content-type", "application/json")], body)
+            }
+        };
+        (serve(axum::Router::new().route("/generate", post(handler))).await, requests)
+    }
+
+    /// A `/generate` answer of `tokens` (id, logprob) finishing with `finish`, sampled by `version`.
+    fn partial(tokens: &[(u32, f64)], finish: Value, version: &str) -> String {
+        let logprobs: Vec<Value> = tokens.iter().map(|(id, lp)| json!([lp, id, null])).collect();
+        json!({"text": "", "meta_info": {"finish_reason": finish, "weight_version": version,
+                                          "output_token_logprobs": logprobs}})
+        .to_string()
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_request_goes_on_from_its_prefix_with_each_span_versioned() {
+        let abort = json!({"type": "abort", "message": "Abort in running batch"});
+        let (url, requests) = fake_answers(vec![
+            partial(&[(27, -0.5), (1836, -0.25)], abort.clone(), "3"),
+            partial(&[], abort, "3"),
+            partial(&[(29, -1.0)], json!({"type": "stop", "matched": "</search>"}), "4"),
+        ])
+        .await;
+        let output = engine(&url).generate(request()).await.unwrap();
+        assert_eq!(output.generation.token_ids, [27, 1836, 29]);
+        assert_eq!(output.generation.logprobs, [-0.5, -0.25, -1.0]);
+        assert_eq!(output.generation.finish_reason, FinishReason::Stop);
+        assert_eq!(
+            (output.earlier.as_slice(), output.version),
+            (&[(2, 3)][..], 4),
+            "two tokens of v3, one of v4"
+        );
+        let requests = requests.lock().unwrap();
+        assert_eq!(requests.len(), 3, "sent again after each interruption");
+        let continued = &requests[2].1;
+        assert_eq!(continued["input_ids"], json!([9707, 11, 1879, 0, 27, 1836]), "the prefix goes on");
+        assert_eq!(continued["sampling_params"]["max_new_tokens"], 62, "the budget left");
+    }
+
+    #[tokio::test]
+    async fn a_request_interrupted_at_its_budget_ends_by_length_and_one_always_aborted_fails() {
+        let abort = json!({"type": "abort", "message": "Abort in running batch"});
+        let mut short = request();
+        short.max_new_tokens = 2;
+        let (url, _) = fake_answers(vec![partial(&[(27, -0.5), (1836, -0.25)], abort.clone(), "7")]).await;
+        let output = engine(&url).generate(short).await.unwrap();
+        assert_eq!(output.generation.finish_reason, FinishReason::Length);
+        assert_eq!((output.earlier.is_empty(), output.version), (true, 7));
+        let (url, requests) = fake_answers(vec![partial(&[], abort, "7")]).await;
+        let error = engine(&url).generate(request()).await.unwrap_err();
+        assert!(matches!(error, EngineError::Aborted { .. }), "{error}");
+        assert_eq!(requests.lock().unwrap().len(), MAX_INTERRUPTIONS + 1);
     }
 }

@@ -133,7 +133,7 @@ impl VllmEngine {
                 })
             })
             .collect::<Result<Vec<f32>, _>>()?;
-        Ok(EngineOutput { generation: Generation { token_ids, logprobs, finish_reason }, version })
+        Ok(EngineOutput::new(Generation { token_ids, logprobs, finish_reason }, version))
     }
 }
 

@@ -74,10 +74,7 @@ impl Engine for ReplayEngine {
             tokio::time::sleep(self.latency).await;
             let token_ids = self.searches.get(&request.input_ids).unwrap_or(&self.answer).clone();
             let logprobs = vec![-0.5; token_ids.len()];
-            Ok(EngineOutput {
-                generation: Generation { token_ids, logprobs, finish_reason: FinishReason::Stop },
-                version: 0,
-            })
+            Ok(EngineOutput::new(Generation { token_ids, logprobs, finish_reason: FinishReason::Stop }, 0))
         })
     }
 
