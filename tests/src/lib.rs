@@ -175,13 +175,12 @@ pub fn capitals_retriever(dir: &Path) -> (Child, String) {
     (child, url)
 }
 
-/// The records of a training run's `metrics.jsonl` in `output_dir`, in order.
+/// The records of a training run's `metrics.jsonl` in `output_dir`, in order: the complete lines
+/// (a running trainer may be writing the last one).
 pub fn step_records(output_dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(output_dir.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON record"))
-        .collect()
+    let text = std::fs::read_to_string(output_dir.join("metrics.jsonl")).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete.lines().map(|l| serde_json::from_str(l).expect("a JSON record")).collect()
 }
 
 /// A `kart train` config of `steps` steps on the fixture model and the capitals world in `dir`
