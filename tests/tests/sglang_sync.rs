@@ -67,21 +67,18 @@ impl Setup {
         Setup { dir, a, b, _retriever: retriever, _worker: worker, worker: url }
     }
 
-    /// Runs `kart train` for [`STEPS`] steps, publishing into `dir/weights` for both servers; its
-    /// exit status and output.
-    fn train(&self) -> std::process::Output {
-        train(&self.dir, &self.worker, &[&self.a.1, &self.b.1])
+    /// Runs `kart train` for [`STEPS`] steps through the worker, publishing into `dir/weights`
+    /// for both servers, its config changed by `adjust`; its exit status and output.
+    fn train(&self, adjust: impl FnOnce(&mut Value)) -> std::process::Output {
+        let dir = &self.dir;
+        let mut config = capitals_train_config(dir, &dir.join("out"), &[&self.worker], STEPS);
+        let replicas = [&self.a.1, &self.b.1];
+        config["weight_sync"] = json!({"kind": "sglang_disk", "path": dir.join("weights"), "urls": replicas});
+        adjust(&mut config);
+        let path = dir.join("train.json");
+        std::fs::write(&path, config.to_string()).unwrap();
+        Command::new(binary("kart")).args(["train", "--config"]).arg(&path).output().unwrap()
     }
-}
-
-/// Runs `kart train` for [`STEPS`] steps through `worker`, publishing into `dir/weights` for the
-/// SGLang servers at `replicas`; its exit status and output.
-fn train(dir: &Path, worker: &str, replicas: &[&str]) -> std::process::Output {
-    let mut config = capitals_train_config(dir, &dir.join("out"), &[worker], STEPS);
-    config["weight_sync"] = json!({"kind": "sglang_disk", "path": dir.join("weights"), "urls": replicas});
-    let path = dir.join("train.json");
-    std::fs::write(&path, config.to_string()).unwrap();
-    Command::new(binary("kart")).args(["train", "--config"]).arg(&path).output().unwrap()
 }
 
 /// What a stand-in recorded: its updates and the requests it aborted.
@@ -101,7 +98,7 @@ fn updates(record: &Path) -> Vec<(String, String)> {
 fn every_replica_loads_every_version_and_tokens_carry_it() {
     let setup = Setup::start("kart-sglang-sync", 1);
     let (dir, a_record, b_record) = (&setup.dir, &setup.a.2, &setup.b.2);
-    let output = setup.train();
+    let output = setup.train(|_| {});
     let log = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{log}");
     let expected: Vec<(String, String)> = (0..=STEPS)
@@ -109,6 +106,8 @@ fn every_replica_loads_every_version_and_tokens_carry_it() {
         .collect();
     assert_eq!(updates(a_record), expected, "replica a got every version, in order");
     assert_eq!(updates(b_record), expected, "replica b too, its failed first update retried");
+    let flags: Vec<Value> = entries(a_record).into_iter().map(|e| e["abort_all_requests"].clone()).collect();
+    assert!(flags.iter().all(|f| *f == false), "updates wait for running requests by default: {flags:?}");
     assert!(log.contains("updating an SGLang replica failed; retrying"), "{log}");
     let records = step_records(&dir.join("out"));
     assert_eq!(records.len() as u64, STEPS, "{records:?}");
@@ -122,7 +121,7 @@ fn every_replica_loads_every_version_and_tokens_carry_it() {
 fn a_replica_that_keeps_failing_fails_the_run_naming_it() {
     let setup = Setup::start("kart-sglang-sync-failing", 100);
     let (dir, a_record, b) = (&setup.dir, &setup.a.2, &setup.b.1);
-    let output = setup.train();
+    let output = setup.train(|_| {});
     let log = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "the run went on with a replica on other weights: {log}");
     assert!(log.contains("weights v0 reached 1 of 2 SGLang replicas"), "{log}");
@@ -138,10 +137,7 @@ fn a_replica_that_keeps_failing_fails_the_run_naming_it() {
 #[test]
 fn http_pull_through_sglang_workers_fails_instead_of_training_on_stale_servers() {
     let setup = Setup::start("kart-sglang-sync-pull", 0);
-    let config = capitals_train_config(&setup.dir, &setup.dir.join("out"), &[&setup.worker], STEPS);
-    let path = setup.dir.join("pull.json");
-    std::fs::write(&path, config.to_string()).unwrap();
-    let output = Command::new(binary("kart")).args(["train", "--config"]).arg(&path).output().unwrap();
+    let output = setup.train(|config| config["weight_sync"] = json!({"kind": "http_pull"}));
     let log = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "SGLang servers would have kept the base weights: {log}");
     assert!(log.contains("weight_sync.kind = http_pull needs workers of the embedded engine"), "{log}");
@@ -174,21 +170,14 @@ fn a_turn_spans_two_versions(value: &Value) -> bool {
 #[test]
 fn with_interruptible_rollouts_every_update_aborts_the_generations_in_flight() {
     let setup = Setup::start("kart-sglang-sync-interruptible", 0);
-    let dir = &setup.dir;
-    let mut config = capitals_train_config(dir, &dir.join("out"), &[&setup.worker], STEPS);
-    config["weight_sync"] =
-        json!({"kind": "sglang_disk", "path": dir.join("weights"), "urls": [setup.a.1, setup.b.1]});
-    config["rollout"]["interruptible"] = json!(true);
-    let path = dir.join("interruptible.json");
-    std::fs::write(&path, config.to_string()).unwrap();
-    let output = Command::new(binary("kart")).args(["train", "--config"]).arg(&path).output().unwrap();
+    let output = setup.train(|config| config["rollout"]["interruptible"] = json!(true));
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     for record in [&setup.a.2, &setup.b.2] {
         let updates = entries(record);
         assert_eq!(updates.len() as u64, STEPS + 1, "{updates:?}");
         assert!(updates.iter().all(|u| u["abort_all_requests"] == true), "{updates:?}");
     }
-    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::remove_dir_all(&setup.dir).unwrap();
 }
 
 #[test]

@@ -21,6 +21,7 @@ use kart_tokenizer::file::FileError;
 use kart_model::save_pretrained;
 
 use crate::replicas::{self, ResolveError};
+use kart_core::config::retry::RetryPolicy;
 use kart_core::engine::{EngineError, LoadWeightsError};
 use kart_core::wire::WeightSource;
 use kart_http::token::Token;
@@ -40,8 +41,11 @@ pub enum SyncError {
     Write { version: i64, source: ModelError },
     #[error("{url}: {reason}")]
     Remote { url: String, reason: String },
-    /// The engine behind `url` does not take weights this way.
-    #[error("{url}: {reason}")]
+    /// The worker behind `url` runs an engine (SGLang, vLLM) that takes no weights through it:
+    /// nothing would ever bring that engine to the trainer's weights.
+    #[error(
+        "{url}: {reason}: weight_sync.kind = http_pull needs workers of the embedded engine (sglang_disk keeps SGLang servers on the trainer's weights)"
+    )]
     Rejected { url: String, reason: String },
     #[error("embedded engine: {0}")]
     Engine(#[from] LoadWeightsError),
@@ -60,8 +64,8 @@ pub struct Published {
     pub bytes: u64,
 }
 
-/// Attempts of one replica's update before the publish fails.
-const UPDATE_ATTEMPTS: u32 = 3;
+/// Retries of one replica's update before the publish fails.
+const UPDATE_RETRY: RetryPolicy = RetryPolicy { retries: 2, backoff_ms: 1000 };
 /// How long one replica may take to load a version.
 const UPDATE_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -188,16 +192,7 @@ impl Publisher {
                 for pushed in futures::future::join_all(calls).await {
                     match pushed {
                         Ok(()) => replicas += 1,
-                        // The worker's engine (SGLang, vLLM) loads no weights through it: nothing
-                        // would ever bring that engine to the trainer's weights.
-                        Err(SyncError::Rejected { url, reason }) => {
-                            return Err(SyncError::Remote {
-                                url,
-                                reason: format!(
-                                    "{reason}: weight_sync.kind = http_pull needs workers of the embedded engine (sglang_disk keeps SGLang servers on the trainer's weights)"
-                                ),
-                            });
-                        }
+                        Err(rejected @ SyncError::Rejected { .. }) => return Err(rejected),
                         Err(error) => {
                             tracing::warn!(version, %error, "pushing weights failed; the worker loads them on its next request");
                         }
@@ -245,7 +240,7 @@ impl Publisher {
 }
 
 /// Loads the folder `model_path` on the SGLang server at `replica` as `version` (aborting its
-/// requests in flight when `interrupt`), trying [`UPDATE_ATTEMPTS`] times with a doubling pause.
+/// requests in flight when `interrupt`), retrying per [`UPDATE_RETRY`].
 async fn update_from_disk(
     replica: &str,
     model_path: &str,
@@ -253,19 +248,15 @@ async fn update_from_disk(
     interrupt: bool,
 ) -> Result<(), EngineError> {
     let engine = SglangEngine::new(replica, UPDATE_TIMEOUT);
-    let mut pause = Duration::from_secs(1);
-    let mut attempt = 1;
+    let mut delays = UPDATE_RETRY.backoff().take(UPDATE_RETRY.retries as usize);
     loop {
-        match engine.update_weights_from_disk(model_path, version, interrupt).await {
+        let error = match engine.update_weights_from_disk(model_path, version, interrupt).await {
             Ok(()) => return Ok(()),
-            Err(error) if attempt < UPDATE_ATTEMPTS => {
-                tracing::warn!(replica, version, attempt, %error, "updating an SGLang replica failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-                attempt += 1;
-            }
-            Err(error) => return Err(error),
-        }
+            Err(error) => error,
+        };
+        let Some(delay) = delays.next() else { return Err(error) };
+        tracing::warn!(replica, version, %error, "updating an SGLang replica failed; retrying");
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -316,6 +307,41 @@ mod tests {
         assert_eq!((store.file(1), store.file(2), store.file(3)), (None, Some(file(2)), Some(file(3))));
         assert_eq!(store.publish(4, file(4), 0), [file(2), file(3)], "the newest is always kept");
         assert_eq!(weights_url("http://t:8002/", 4), "http://t:8002/weights/4");
+    }
+
+    /// A fake SGLang server taking every `/update_weights_from_disk`; the bodies it received.
+    async fn fake_sglang() -> (String, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let handler = move |axum::Json(body): axum::Json<serde_json::Value>| {
+            record.lock().unwrap().push(body);
+            async { axum::Json(json!({"success": true, "message": "ok", "num_paused_requests": 0})) }
+        };
+        let router = axum::Router::new().route("/update_weights_from_disk", axum::routing::post(handler));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        (url, seen)
+    }
+
+    #[tokio::test]
+    async fn sglang_disk_reaches_every_replica_and_reports_what_it_moved() {
+        let model = kart_testing::model("tiny-qwen2");
+        let policy = CausalLm::load(&model, tch::Device::Cpu).unwrap();
+        let ((a, a_seen), (b, b_seen)) = (fake_sglang().await, fake_sglang().await);
+        let dir = tempfile::tempdir().unwrap();
+        let publisher = Publisher::sglang_disk(dir.path().to_path_buf(), vec![a, b], model, true);
+        let published = publisher.publish(&policy, 7).await.unwrap();
+        assert_eq!(published.replicas, 2);
+        let folder = dir.path().join("v7");
+        for seen in [a_seen, b_seen] {
+            let expected = json!({"model_path": folder, "weight_version": "7", "abort_all_requests": true});
+            assert_eq!(*seen.lock().unwrap(), [expected]);
+        }
+        // The tensors' bytes: the written file less its header.
+        let file = std::fs::metadata(folder.join("model.safetensors")).unwrap().len();
+        assert!(published.bytes > 0 && published.bytes < file, "{published:?}, file {file}");
+        assert!(file - published.bytes < 1 << 20, "{published:?}, file {file}");
     }
 
     #[test]

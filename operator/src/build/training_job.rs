@@ -179,8 +179,7 @@ pub fn validate(tj: &TrainingJob) -> Result<(), InvalidSpec> {
 /// SGLang; nothing yet for vLLM.
 pub fn weight_sync_fits(tj: &TrainingJob, pool: &RolloutPool) -> Result<(), InvalidSpec> {
     let pool_name = pool.name_any();
-    let sync = render_config(tj).weight_sync;
-    let (kind, engine, wanted) = match (&pool.spec.config.engine, &sync) {
+    let (kind, engine, wanted) = match (&pool.spec.config.engine, &tj.spec.config.weight_sync) {
         (EngineConfig::Embedded { .. }, WeightSync::HttpPull { .. })
         | (EngineConfig::Sglang { .. }, WeightSync::SglangDisk { .. }) => return Ok(()),
         (EngineConfig::Vllm { .. }, _) => {

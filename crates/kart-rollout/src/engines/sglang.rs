@@ -182,7 +182,7 @@ impl Engine for SglangEngine {
                 let recorded = self.version();
                 let answer = self.http.post("/generate", &Self::payload(&request)).await?;
                 let (ids, lps, version) = match self.parse(&url, &answer, recorded)? {
-                    Answer::Finished(mut output) if !token_ids.is_empty() => {
+                    Answer::Finished(mut output) => {
                         token_ids.append(&mut output.generation.token_ids);
                         logprobs.append(&mut output.generation.logprobs);
                         (output.generation.token_ids, output.generation.logprobs) = (token_ids, logprobs);
@@ -193,7 +193,6 @@ impl Engine for SglangEngine {
                         output.earlier = earlier;
                         return Ok(output);
                     }
-                    Answer::Finished(output) => return Ok(output),
                     Answer::Interrupted { token_ids, logprobs, version } => (token_ids, logprobs, version),
                 };
                 match earlier.last_mut() {
@@ -206,8 +205,8 @@ impl Engine for SglangEngine {
                 token_ids.extend(ids);
                 logprobs.extend(lps);
                 if request.max_new_tokens == 0 {
-                    // The budget ran out as the request was interrupted.
-                    let (_, version) = earlier.pop().expect("tokens were generated");
+                    // The budget ran out as the request was interrupted: its last span is the output's.
+                    let version = earlier.pop().map_or(version, |(_, v)| v);
                     let generation = Generation { token_ids, logprobs, finish_reason: FinishReason::Length };
                     return Ok(EngineOutput { generation, version, earlier });
                 }
