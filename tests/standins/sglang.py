@@ -11,24 +11,46 @@
   `finish_reason.type: abort`), then takes `weight_version` as the server's version; answers
   `{success, message, num_paused_requests}` (400 with `success: false` on failure, as SGLang
   does).
+- `GET /get_server_info` (`tp_size`, `weight_version`), `POST /init_weights_update_group`
+  `{master_address, master_port, rank_offset, world_size, group_name, backend}`,
+  `POST /update_weights_from_distributed` `{names, dtypes, shapes, group_name, flush_cache,
+  abort_all_requests, weight_version, load_format: "flattened_bucket"}` and
+  `POST /destroy_weights_update_group` `{group_name}`: the server's `--tp` workers (processes,
+  as SGLang's schedulers are) join the trainer's group with `torch.distributed` exactly as
+  SGLang's workers do (`init_custom_process_group` below: a `tcp://` rendezvous, the store under
+  the group's name, `_new_process_group_helper`; worker i is rank `rank_offset + i`) and receive
+  each bucket with one `torch.distributed.broadcast` of its bytes, as
+  `_update_bucketed_weights_from_distributed` does. With `--save DIR`, a worker writes the
+  tensors it holds once a bucket brings a `weight_version` to DIR/v{version}-tp{i}.safetensors.
 - `GET /get_weight_version`, `GET /health`, and `GET /in_flight` (a stand-in's own: the most
   tokens a request in flight has generated so far, so a test can update mid-generation).
 
-Usage: sglang.py MODEL_DIR PORT [--record FILE] [--fail-updates N] [--token-seconds S]
-  --record FILE      append each accepted update to FILE as a JSON line {model_path,
-                     weight_version, abort_all_requests}, and each aborted request as
-                     {aborted: tokens generated}
-  --fail-updates N   answer the first N updates with a failure (an unreadable folder, say)
+Usage: sglang.py MODEL_DIR PORT [--record FILE] [--fail-updates N] [--token-seconds S] [--tp N]
+                   [--save DIR] [--group-timeout S]
+  --record FILE      append each accepted update to FILE as a JSON line (from disk: {model_path,
+                     weight_version, abort_all_requests}; broadcast: {group_name, names,
+                     weight_version, abort_all_requests}; a group joined: {joined: group_name,
+                     ranks}), and each aborted request as {aborted: tokens generated}
+  --fail-updates N   answer the first N updates with a failure (an unreadable folder, a
+                     broadcast not joined)
   --token-seconds S  generate one token every S seconds (default 0: at once)
+  --tp N             tensor-parallel workers (default 1)
+  --save DIR         where the workers write the weights they received
+  --group-timeout S  the workers' collective timeout (SGLang's default is 30 minutes)
 """
 
 import argparse
 import json
+import multiprocessing
 import os
 import threading
 import time
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import torch
+import torch.distributed
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 parser = argparse.ArgumentParser()
@@ -37,6 +59,9 @@ parser.add_argument("port", type=int)
 parser.add_argument("--record")
 parser.add_argument("--fail-updates", type=int, default=0)
 parser.add_argument("--token-seconds", type=float, default=0.0)
+parser.add_argument("--tp", type=int, default=1)
+parser.add_argument("--save")
+parser.add_argument("--group-timeout", type=float, default=1800.0)
 args = parser.parse_args()
 
 tokenizer = Tokenizer.from_file(f"{args.model_dir}/tokenizer.json")
@@ -85,10 +110,124 @@ def update_from_disk(body: dict) -> tuple[int, dict]:
     return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
 
 
+def init_custom_process_group(backend, init_method, timeout, world_size, rank, group_name):
+    """SGLang's `init_custom_process_group` (python/sglang/srt/utils), the calls its workers make."""
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    backend = Backend(backend)
+    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    # A PrefixStore keeps the group's keys apart from other users of the store.
+    store = PrefixStore(group_name, store)
+    pg, _ = _new_process_group_helper(
+        world_size, rank, [], backend, store, group_name=group_name, backend_options=None, timeout=timeout
+    )
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+def worker(tp_rank: int, conn, inherited: list) -> None:
+    """One tensor-parallel worker: joins groups, receives buckets, holds the weights. It ends
+    with the server (its pipe's other end closes)."""
+    for other in inherited:
+        other.close()
+    groups, held = {}, {}
+    while True:
+        try:
+            op, body = conn.recv()
+        except EOFError:
+            return
+        try:
+            if op == "init":
+                name = body["group_name"]
+                groups[name] = init_custom_process_group(
+                    body["backend"],
+                    f"tcp://{body['master_address']}:{body['master_port']}",
+                    timedelta(seconds=args.group_timeout),
+                    body["world_size"],
+                    body["rank_offset"] + tp_rank,
+                    name,
+                )
+                conn.send((True, f"joined {name} as rank {body['rank_offset'] + tp_rank}"))
+            elif op == "update":
+                # SGLang's _update_bucketed_weights_from_distributed with its FlattenedTensorBucket:
+                # the tensors' bytes, one after another, in one uint8 tensor.
+                named = [
+                    (n, torch.empty(s, dtype=getattr(torch, d)))
+                    for n, d, s in zip(body["names"], body["dtypes"], body["shapes"])
+                ]
+                flat = torch.cat([t.flatten().view(torch.uint8) for _, t in named])
+                torch.distributed.broadcast(flat, src=0, group=groups[body["group_name"]])
+                start = 0
+                for n, t in named:
+                    size = t.numel() * t.element_size()
+                    held[n] = flat[start : start + size].view(t.dtype).reshape(t.shape).clone()
+                    start += size
+                version = body.get("weight_version")
+                if version is not None and args.save:
+                    save_file(held, os.path.join(args.save, f"v{version}-tp{tp_rank}.safetensors"))
+                conn.send((True, "Succeeded to update parameter online."))
+            elif op == "destroy":
+                torch.distributed.destroy_process_group(groups.pop(body["group_name"]))
+                conn.send((True, "destroyed"))
+        except Exception as e:  # answered as SGLang answers: success false, the message
+            conn.send((False, f"{type(e).__name__}: {e}"))
+
+
+def on_workers(op: str, body: dict) -> tuple[bool, str]:
+    """Runs `op` on every worker at once, as SGLang's tokenizer manager fans a request out."""
+    with control:
+        for conn in workers:
+            conn.send((op, body))
+        answers = [conn.recv() for conn in workers]
+    failed = [message for ok, message in answers if not ok]
+    return (not failed, "; ".join(failed) or answers[0][1])
+
+
+def control_op(path: str, body: dict) -> tuple[int, dict]:
+    if path == "/init_weights_update_group":
+        ok, message = on_workers("init", body)
+        if ok:
+            ranks = [body["rank_offset"] + i for i in range(args.tp)]
+            record({"joined": body["group_name"], "ranks": ranks, "world_size": body["world_size"],
+                    "master_port": body["master_port"]})
+    elif path == "/destroy_weights_update_group":
+        ok, message = on_workers("destroy", body)
+    else:
+        with lock:
+            if state["failures_left"] > 0:
+                state["failures_left"] -= 1
+                return 400, {"success": False, "message": "Failed to update parameter online: injected failure"}
+        if body.get("load_format") != "flattened_bucket":
+            return 400, {"success": False, "message": "the stand-in receives flattened buckets only"}
+        if body.get("abort_all_requests"):
+            with lock:
+                state["aborts"] += 1
+        ok, message = on_workers("update", body)
+        if ok:
+            with lock:
+                if body.get("weight_version") is not None:
+                    state["weight_version"] = body["weight_version"]
+            entry = {k: body.get(k) for k in ("group_name", "names", "weight_version", "abort_all_requests")}
+            record(entry)
+    return (200 if ok else 400), {"success": ok, "message": message}
+
+
+CONTROL = ("/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group")
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             return self.send(200, {"status": "ok"})
+        if self.path == "/get_server_info":
+            return self.send(200, {"tp_size": args.tp, "weight_version": state["weight_version"]})
         if self.path == "/get_weight_version":
             return self.send(200, {"weight_version": state["weight_version"]})
         if self.path == "/in_flight":
@@ -99,6 +238,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/update_weights_from_disk":
             return self.send(*update_from_disk(body))
+        if self.path in CONTROL:
+            return self.send(*control_op(self.path, body))
         if self.path != "/generate":
             return self.send(404, {"error": "not found"})
         # The whole reply for the context before any generated tokens: a continued request carries
@@ -146,4 +287,13 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+# The workers start before any thread does (a fork copies only the thread that forks).
+context = multiprocessing.get_context("fork")
+workers = []
+for tp_rank in range(args.tp):
+    parent, child = context.Pipe()
+    context.Process(target=worker, args=(tp_rank, child, workers + [parent]), daemon=True).start()
+    child.close()
+    workers.append(parent)
+control = threading.Lock()
 ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()

@@ -1,25 +1,45 @@
-//! `kart train` keeping SGLang servers on its weights (`weight_sync: sglang_disk`), against two
-//! stand-in SGLang servers (`tests/standins/sglang.py`, SGLang's HTTP endpoints) behind a real
-//! rollout worker and a real retriever: every replica loads every version as its
-//! `weight_version`, a failed update is retried, the tokens carry the version that sampled them
-//! (so staleness is true), and a replica that keeps failing fails the run, naming it, rather than
-//! letting it train on replicas left on different weights; `http_pull` through SGLang workers,
-//! which would leave the servers on their first weights, fails at the first publish.
+//! `kart train` keeping SGLang servers on its weights, against two stand-in SGLang servers
+//! (`tests/standins/sglang.py`, SGLang's HTTP endpoints) behind a real rollout worker and a real
+//! retriever.
+//!
+//! - `sglang_disk`: every replica loads every version as its `weight_version`, a failed update is
+//!   retried, the tokens carry the version that sampled them (so staleness is true), and a
+//!   replica that keeps failing fails the run, naming it, rather than letting it train on
+//!   replicas left on different weights;
+//! - `sglang_broadcast`: the servers' workers (one, and two tensor-parallel ones) join the
+//!   trainer's group with `torch.distributed` over Gloo and receive every version in buckets, bit
+//!   for bit the trainer's weights; a server restarted mid-run joins a new group and catches up;
+//!   a server that keeps failing fails the run;
+//! - `http_pull` through SGLang workers, which would leave the servers on their first weights,
+//!   fails at the first publish.
 
 use kart_tests::{Child, binary, capitals_retriever, capitals_train_config, free_port, fresh_dir, python};
 use kart_tests::{eventually, repo_root, rollout_worker, shared_dir, step_records, wait_ready};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const STEPS: u64 = 3;
 
-/// A stand-in SGLang server failing its first `fail_updates` updates and generating a token every
-/// `token_seconds`: the process, its URL and the file it records accepted updates in.
-fn sglang(dir: &Path, name: &str, fail_updates: u32, token_seconds: f64) -> (Child, String, PathBuf) {
-    let port = free_port();
+/// How a stand-in SGLang server behaves.
+#[derive(Clone, Copy, Default)]
+struct Replica {
+    /// Updates answered with a failure first.
+    fail_updates: u32,
+    /// Seconds per generated token.
+    token_seconds: f64,
+    /// Tensor-parallel workers (0: one).
+    tp: usize,
+}
+
+/// A stand-in SGLang server `name` in `dir` on `port`: the process, its URL and the file it
+/// records accepted updates in; its workers write the weights they receive under
+/// `dir/received-{name}`.
+fn sglang_on(dir: &Path, name: &str, port: u16, replica: Replica) -> (Child, String, PathBuf) {
     let record = dir.join(format!("{name}.jsonl"));
+    let received = dir.join(format!("received-{name}"));
+    std::fs::create_dir_all(&received).unwrap();
     let mut child = Child(
         Command::new(python())
             .arg(repo_root().join("tests/standins/sglang.py"))
@@ -27,8 +47,12 @@ fn sglang(dir: &Path, name: &str, fail_updates: u32, token_seconds: f64) -> (Chi
             .arg(port.to_string())
             .arg("--record")
             .arg(&record)
-            .args(["--fail-updates", &fail_updates.to_string()])
-            .args(["--token-seconds", &token_seconds.to_string()])
+            .args(["--fail-updates", &replica.fail_updates.to_string()])
+            .args(["--token-seconds", &replica.token_seconds.to_string()])
+            .args(["--tp", &replica.tp.max(1).to_string()])
+            .arg("--save")
+            .arg(&received)
+            .args(["--group-timeout", "30"])
             .spawn()
             .unwrap(),
     );
@@ -37,8 +61,8 @@ fn sglang(dir: &Path, name: &str, fail_updates: u32, token_seconds: f64) -> (Chi
     (child, url, record)
 }
 
-/// A retriever, two stand-in SGLang servers `a` and `b` (`b` failing its first `b_failures`
-/// updates) and a rollout worker generating with both, in a fresh `dir`.
+/// A retriever, two stand-in SGLang servers `a` and `b` and a rollout worker generating with
+/// both, in a fresh `dir`.
 struct Setup {
     dir: PathBuf,
     a: (Child, String, PathBuf),
@@ -49,27 +73,35 @@ struct Setup {
 }
 
 impl Setup {
+    /// Servers `b` failing its first `b_failures` updates.
     fn start(tag: &str, b_failures: u32) -> Setup {
-        Setup::with(tag, b_failures, 0.0)
+        Setup::with(tag, Replica::default(), Replica { fail_updates: b_failures, ..Replica::default() })
     }
 
     /// Servers that generate a token every `token_seconds`.
     fn start_slow(tag: &str, token_seconds: f64) -> Setup {
-        Setup::with(tag, 0, token_seconds)
+        let replica = Replica { token_seconds, ..Replica::default() };
+        Setup::with(tag, replica, replica)
     }
 
-    fn with(tag: &str, b_failures: u32, token_seconds: f64) -> Setup {
+    fn with(tag: &str, a: Replica, b: Replica) -> Setup {
         let dir = fresh_dir(tag);
         let (retriever, retriever_url) = capitals_retriever(&dir);
-        let (a, b) = (sglang(&dir, "a", 0, token_seconds), sglang(&dir, "b", b_failures, token_seconds));
+        let (a, b) = (sglang_on(&dir, "a", free_port(), a), sglang_on(&dir, "b", free_port(), b));
         let engine = json!({"kind": "sglang", "urls": [a.1, b.1]});
         let (worker, url) = rollout_worker(&dir, engine, &retriever_url);
         Setup { dir, a, b, _retriever: retriever, _worker: worker, worker: url }
     }
 
     /// Runs `kart train` for [`STEPS`] steps through the worker, publishing into `dir/weights`
-    /// for both servers, its config changed by `adjust`; its exit status and output.
-    fn train(&self, adjust: impl FnOnce(&mut Value)) -> std::process::Output {
+    /// for both servers, its config changed by `adjust`; whether it succeeded, and its log.
+    fn train(&self, adjust: impl FnOnce(&mut Value)) -> (bool, String) {
+        let status = self.trainer(adjust).wait().unwrap();
+        (status.success(), self.log())
+    }
+
+    /// `kart train` as in [`Setup::train`], running, its output in `dir/train.log`.
+    fn trainer(&self, adjust: impl FnOnce(&mut Value)) -> std::process::Child {
         let dir = &self.dir;
         let mut config = capitals_train_config(dir, &dir.join("out"), &[&self.worker], STEPS);
         let replicas = [&self.a.1, &self.b.1];
@@ -77,7 +109,19 @@ impl Setup {
         adjust(&mut config);
         let path = dir.join("train.json");
         std::fs::write(&path, config.to_string()).unwrap();
-        Command::new(binary("kart")).args(["train", "--config"]).arg(&path).output().unwrap()
+        let log = std::fs::File::create(dir.join("train.log")).unwrap();
+        Command::new(binary("kart"))
+            .args(["train", "--config"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    }
+
+    /// What the trainer logged.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("train.log")).unwrap()
     }
 }
 
@@ -98,9 +142,8 @@ fn updates(record: &Path) -> Vec<(String, String)> {
 fn every_replica_loads_every_version_and_tokens_carry_it() {
     let setup = Setup::start("kart-sglang-sync", 1);
     let (dir, a_record, b_record) = (&setup.dir, &setup.a.2, &setup.b.2);
-    let output = setup.train(|_| {});
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{log}");
+    let (succeeded, log) = setup.train(|_| {});
+    assert!(succeeded, "{log}");
     let expected: Vec<(String, String)> = (0..=STEPS)
         .map(|v| (v.to_string(), dir.join("weights").join(format!("v{v}")).display().to_string()))
         .collect();
@@ -121,9 +164,8 @@ fn every_replica_loads_every_version_and_tokens_carry_it() {
 fn a_replica_that_keeps_failing_fails_the_run_naming_it() {
     let setup = Setup::start("kart-sglang-sync-failing", 100);
     let (dir, a_record, b) = (&setup.dir, &setup.a.2, &setup.b.1);
-    let output = setup.train(|_| {});
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "the run went on with a replica on other weights: {log}");
+    let (succeeded, log) = setup.train(|_| {});
+    assert!(!succeeded, "the run went on with a replica on other weights: {log}");
     assert!(log.contains("weights v0 reached 1 of 2 SGLang replicas"), "{log}");
     assert!(
         log.contains(b.as_str()) && log.contains("injected failure"),
@@ -134,12 +176,46 @@ fn a_replica_that_keeps_failing_fails_the_run_naming_it() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Replaces server `a` of `setup` by a fresh one (`a-restarted`, on the same address) once `a`
+/// took `version`, the trainer held still meanwhile.
+fn restart_a_after(setup: &mut Setup, trainer: &std::process::Child, version: &str, replica: Replica) {
+    let a_port: u16 = setup.a.1.rsplit(':').next().unwrap().parse().unwrap();
+    let took = |record: &Path| entries(record).iter().any(|e| e["weight_version"].as_str() == Some(version));
+    eventually(
+        120,
+        &format!("replica a at version {version}"),
+        || setup.log(),
+        || took(&setup.a.2).then_some(()),
+    );
+    let pid = trainer.id() as libc::pid_t;
+    // SAFETY: signals to the trainer this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    setup.a = sglang_on(&setup.dir, "a-restarted", a_port, replica);
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+}
+
+#[test]
+fn a_restarted_replica_is_brought_to_the_published_version_before_the_next_publish() {
+    // Steps of several seconds (a token every 0.1 s): the replicas are watched in between.
+    let slow = Replica { token_seconds: 0.1, ..Replica::default() };
+    let mut setup = Setup::with("kart-sglang-sync-catch-up", slow, slow);
+    let trainer = setup.trainer(|_| {});
+    restart_a_after(&mut setup, &trainer, "1", slow);
+    let status = { trainer }.wait().unwrap();
+    let log = setup.log();
+    assert!(status.success(), "{log}");
+    let versions: Vec<String> = updates(&setup.a.2).into_iter().map(|(v, _)| v).collect();
+    let expected: Vec<String> = (1..=STEPS).map(|v| v.to_string()).collect();
+    assert_eq!(versions, expected, "version 1 again, from the watch, before versions 2 and 3: {log}");
+    assert!(log.contains("SGLang replicas caught up"), "{log}");
+    std::fs::remove_dir_all(&setup.dir).unwrap();
+}
+
 #[test]
 fn http_pull_through_sglang_workers_fails_instead_of_training_on_stale_servers() {
     let setup = Setup::start("kart-sglang-sync-pull", 0);
-    let output = setup.train(|config| config["weight_sync"] = json!({"kind": "http_pull"}));
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "SGLang servers would have kept the base weights: {log}");
+    let (succeeded, log) = setup.train(|config| config["weight_sync"] = json!({"kind": "http_pull"}));
+    assert!(!succeeded, "SGLang servers would have kept the base weights: {log}");
     assert!(log.contains("weight_sync.kind = http_pull needs workers of the embedded engine"), "{log}");
     assert!(log.contains("engine loads weights itself"), "the worker's answer: {log}");
     assert!(step_records(&setup.dir.join("out")).is_empty(), "no step trained");
@@ -170,8 +246,8 @@ fn a_turn_spans_two_versions(value: &Value) -> bool {
 #[test]
 fn with_interruptible_rollouts_every_update_aborts_the_generations_in_flight() {
     let setup = Setup::start("kart-sglang-sync-interruptible", 0);
-    let output = setup.train(|config| config["rollout"]["interruptible"] = json!(true));
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let (succeeded, log) = setup.train(|config| config["rollout"]["interruptible"] = json!(true));
+    assert!(succeeded, "{log}");
     for record in [&setup.a.2, &setup.b.2] {
         let updates = entries(record);
         assert_eq!(updates.len() as u64, STEPS + 1, "{updates:?}");
@@ -223,5 +299,123 @@ fn a_generation_an_update_interrupts_goes_on_from_its_prefix_on_the_new_weights(
         "the interrupted turn goes on at version 1 after its version-0 tokens: {lines}"
     );
     assert_eq!(groups[0]["trajectories"][0]["status"], "completed", "{lines}");
+    std::fs::remove_dir_all(&setup.dir).unwrap();
+}
+
+/// `sglang_broadcast` to both servers of `setup`, the group's store on `port`, in buckets of
+/// 100 KiB (the model's 390 KB take several).
+fn broadcast(setup: &Setup, port: u16) -> Value {
+    json!({"kind": "sglang_broadcast", "urls": [setup.a.1, setup.b.1], "master_port": port,
+           "bucket_mb": 0.1, "timeout_secs": 20})
+}
+
+/// The tensors of a safetensors file: name, dtype, shape and bytes.
+fn tensors(file: &Path) -> std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    file.tensors()
+        .into_iter()
+        .map(|(name, t)| (name, (format!("{:?}", t.dtype()), t.shape().to_vec(), t.data().to_vec())))
+        .collect()
+}
+
+/// The broadcast updates a stand-in took: `(names, weight_version)` per bucket.
+fn buckets(record: &Path) -> Vec<(Vec<String>, Option<String>)> {
+    let names = |e: &Value| {
+        e["names"].as_array().map(|n| n.iter().map(|n| n.as_str().unwrap().to_string()).collect())
+    };
+    entries(record)
+        .iter()
+        .filter_map(|e| Some((names(e)?, e["weight_version"].as_str().map(str::to_string))))
+        .collect()
+}
+
+/// The versions a stand-in completed through buckets, in order, each checked to have brought
+/// every one of `names` since the version before.
+fn versions_received(record: &Path, names: &[String]) -> Vec<String> {
+    let mut versions = Vec::new();
+    let mut since: Vec<String> = Vec::new();
+    for (bucket, version) in buckets(record) {
+        since.extend(bucket);
+        if let Some(version) = version {
+            since.sort();
+            assert_eq!(since, names, "version {version}: every tensor once, then the version");
+            versions.push(version);
+            since.clear();
+        }
+    }
+    versions
+}
+
+#[test]
+fn broadcast_brings_every_worker_the_trainers_weights_bit_for_bit() {
+    let two_workers = Replica { tp: 2, ..Replica::default() };
+    let setup = Setup::with("kart-sglang-broadcast", Replica::default(), two_workers);
+    let port = free_port();
+    let (succeeded, log) = setup.train(|config| config["weight_sync"] = broadcast(&setup, port));
+    assert!(succeeded, "{log}");
+    let dir = &setup.dir;
+    let trained = tensors(&dir.join("out/model/model.safetensors"));
+    let names: Vec<String> = trained.keys().cloned().collect();
+    // One group: the trainer rank 0, a's worker rank 1, b's two workers ranks 2 and 3.
+    let joined = |record: &Path| -> Vec<Value> {
+        entries(record).into_iter().filter(|e| e.get("joined").is_some()).collect()
+    };
+    let (a_joined, b_joined) = (joined(&setup.a.2), joined(&setup.b.2));
+    assert_eq!(a_joined.len(), 1, "{a_joined:?}");
+    assert_eq!(a_joined[0]["joined"], b_joined[0]["joined"], "one group");
+    assert_eq!((&a_joined[0]["ranks"], &b_joined[0]["ranks"]), (&json!([1]), &json!([2, 3])));
+    assert_eq!((&a_joined[0]["world_size"], &a_joined[0]["master_port"]), (&json!(4), &json!(port)));
+    let expected: Vec<String> = (0..=STEPS).map(|v| v.to_string()).collect();
+    for record in [&setup.a.2, &setup.b.2] {
+        assert!(buckets(record).len() as u64 > 2 * (STEPS + 1), "several buckets per version");
+        assert_eq!(versions_received(record, &names), expected);
+    }
+    // What each worker holds after the last version is what the trainer saved, bit for bit.
+    for (replica, worker) in [("a", 0), ("b", 0), ("b", 1)] {
+        let file = dir.join(format!("received-{replica}/v{STEPS}-tp{worker}.safetensors"));
+        assert!(tensors(&file) == trained, "{} differs from the trained weights", file.display());
+    }
+    for record in step_records(&dir.join("out")) {
+        assert_eq!(record["staleness/max"], 0.0, "tokens carry the version the servers report: {record}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_replica_restarted_mid_run_joins_a_new_group_and_catches_up() {
+    const LONGER: u64 = 6;
+    let mut setup = Setup::start("kart-sglang-broadcast-restart", 0);
+    let port = free_port();
+    let sync = broadcast(&setup, port);
+    let mut trainer = setup.trainer(|config| {
+        config["weight_sync"] = sync;
+        config["total_steps"] = json!(LONGER);
+    });
+    restart_a_after(&mut setup, &trainer, "1", Replica::default());
+    let status = trainer.wait().unwrap();
+    let log = setup.log();
+    assert!(status.success(), "{log}");
+    let trained = tensors(&setup.dir.join("out/model/model.safetensors"));
+    let names: Vec<String> = trained.keys().cloned().collect();
+    let caught_up = versions_received(&setup.a.2, &names);
+    assert_eq!(caught_up.last().map(String::as_str), Some(LONGER.to_string().as_str()), "{caught_up:?}");
+    assert!(
+        !caught_up.contains(&"1".to_string()),
+        "the restarted server started after version 1: {caught_up:?}"
+    );
+    let file = setup.dir.join(format!("received-a-restarted/v{LONGER}-tp0.safetensors"));
+    assert!(tensors(&file) == trained, "the restarted server holds the trained weights");
+    std::fs::remove_dir_all(&setup.dir).unwrap();
+}
+
+#[test]
+fn a_replica_that_keeps_failing_its_broadcasts_fails_the_run() {
+    let setup = Setup::start("kart-sglang-broadcast-failing", 100);
+    let (succeeded, log) = setup.train(|config| config["weight_sync"] = broadcast(&setup, free_port()));
+    assert!(!succeeded, "the run went on with a replica on other weights: {log}");
+    assert!(log.contains("broadcasting weights failed; forming the group again"), "{log}");
+    assert!(log.contains(setup.b.1.as_str()) && log.contains("injected failure"), "{log}");
+    assert!(step_records(&setup.dir.join("out")).is_empty(), "no step trained");
     std::fs::remove_dir_all(&setup.dir).unwrap();
 }

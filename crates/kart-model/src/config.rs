@@ -153,6 +153,12 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// Whether a Hugging Face checkpoint of this model holds tensor `name`: all but a tied
+    /// `lm_head.weight`, which is the embedding's.
+    pub fn stores(&self, name: &str) -> bool {
+        !(self.tie_word_embeddings && name == "lm_head.weight")
+    }
+
     /// Reads `config.json` from a model folder, or from the given file.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
         let path = path.as_ref();

@@ -87,7 +87,7 @@ pub fn save_pretrained_with_max_shard_size(
     };
     let tensors: Vec<(&str, &Tensor)> = tensors
         .iter()
-        .filter(|(name, _)| !(config.tie_word_embeddings && name == "lm_head.weight"))
+        .filter(|(name, _)| config.stores(name))
         .map(|(name, tensor)| (name.as_str(), tensor))
         .collect();
 

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #ifdef KART_CUDA
@@ -42,16 +43,22 @@ void started(c10::intrusive_ptr<c10d::Work> work, kart_work** out) {
 extern "C" {
 
 char* kart_store_tcp(const char* host, uint16_t port, bool is_server, int world_size,
-                     int64_t timeout_ms, kart_store** out) {
+                     bool wait_workers, int64_t timeout_ms, kart_store** out, uint16_t* bound_port) {
   return kart::guarded([&] {
     c10d::TCPStoreOptions options;
     options.port = port;
     options.isServer = is_server;
     options.numWorkers = world_size;
-    options.waitWorkers = true;
+    options.waitWorkers = wait_workers;
     options.timeout = std::chrono::milliseconds(timeout_ms);
-    *out = new kart_store{c10::make_intrusive<c10d::TCPStore>(host, options)};
+    auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
+    *bound_port = store->getPort();
+    *out = new kart_store{store};
   });
+}
+
+kart_store* kart_store_prefix(kart_store* store, const char* prefix) {
+  return new kart_store{c10::make_intrusive<c10d::PrefixStore>(prefix, store->store)};
 }
 
 void kart_store_free(kart_store* store) { delete store; }

@@ -34,8 +34,12 @@ void kart_torch_free_string(char* s);
 char* kart_clear_grad(kart_tensor tensor);
 
 // c10d's TCPStore: the server on rank 0, clients elsewhere.
+/* A TCPStore: the server (port 0: a free one) or a client of it. With `wait_workers`, the server
+   returns once `world_size` clients joined. `bound_port` receives the port it listens on. */
 char* kart_store_tcp(const char* host, uint16_t port, bool is_server, int world_size,
-                     int64_t timeout_ms, kart_store** out);
+                     bool wait_workers, int64_t timeout_ms, kart_store** out, uint16_t* bound_port);
+/* The store's keys under `prefix` (c10d's PrefixStore: "prefix/key"). */
+kart_store* kart_store_prefix(kart_store* store, const char* prefix);
 void kart_store_free(kart_store* store);
 /* Another handle on the same store. */
 kart_store* kart_store_share(kart_store* store);

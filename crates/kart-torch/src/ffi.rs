@@ -36,9 +36,12 @@ unsafe extern "C" {
         port: u16,
         is_server: bool,
         world_size: c_int,
+        wait_workers: bool,
         timeout_ms: i64,
         out: *mut *mut KartStore,
+        bound_port: *mut u16,
     ) -> *mut c_char;
+    pub fn kart_store_prefix(store: *mut KartStore, prefix: *const c_char) -> *mut KartStore;
     pub fn kart_store_free(store: *mut KartStore);
     pub fn kart_store_share(store: *mut KartStore) -> *mut KartStore;
     pub fn kart_group_gloo(

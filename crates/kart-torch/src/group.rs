@@ -75,8 +75,6 @@ impl ProcessGroup {
     /// every rank waits (at most `timeout`) for the others, then opens the backend for `device`'s
     /// tensors. Collectives time out after `timeout` too.
     pub fn join(ranks: &Ranks, device: Device, timeout: Duration) -> Result<ProcessGroup, DistError> {
-        let backend = Backend::for_device(device);
-        let timeout_ms = millis(timeout);
         let rendezvous = |message: String| DistError::Rendezvous {
             addr: ranks.master_addr.clone(),
             port: ranks.master_port,
@@ -85,49 +83,71 @@ impl ProcessGroup {
             timeout,
             message,
         };
-        let host = CString::new(ranks.master_addr.as_str()).map_err(|e| rendezvous(e.to_string()))?;
-        let mut store = std::ptr::null_mut();
-        // SAFETY: valid arguments; on success the shim stores an owned store in `store`.
-        ffi::check(unsafe {
-            ffi::kart_store_tcp(
-                host.as_ptr(),
-                ranks.master_port,
-                ranks.is_leader(),
-                ranks.world_size as c_int,
-                timeout_ms,
-                &mut store,
-            )
-        })
-        .map_err(rendezvous)?;
-        let mut group = std::ptr::null_mut();
-        let (rank, world) = (ranks.rank as c_int, ranks.world_size as c_int);
-        // SAFETY: `store` is live; on success the shim stores an owned group in `group`.
-        let opened = ffi::check(unsafe {
-            match backend {
-                Backend::Gloo => ffi::kart_group_gloo(store, rank, world, timeout_ms, &mut group),
-                Backend::Nccl => ffi::kart_group_nccl(store, rank, world, timeout_ms, &mut group),
-            }
-        });
-        if let Err(message) = opened {
-            // SAFETY: owned and not used again.
-            unsafe { ffi::kart_store_free(store) };
-            return Err(DistError::Group {
-                backend,
-                rank: ranks.rank,
-                world_size: ranks.world_size,
-                message,
-            });
-        }
-        tracing::info!(rank = ranks.rank, world_size = ranks.world_size, ?backend, "process group joined");
-        Ok(ProcessGroup {
-            group,
-            store,
-            rank: ranks.rank,
-            world_size: ranks.world_size,
-            backend,
-            device,
+        let (store, _) = Store::tcp(
+            &ranks.master_addr,
+            ranks.master_port,
+            ranks.is_leader(),
+            ranks.world_size,
+            true,
             timeout,
+        )
+        .map_err(rendezvous)?;
+        ProcessGroup::open(store, ranks.rank, ranks.world_size, device, timeout)
+    }
+
+    /// Serves, as rank 0 of `world_size`, a group that other programs join by `name`, the way
+    /// `torch.distributed` forms one from a `tcp://host:port` init method and a group name
+    /// (SGLang's and verl's `init_custom_process_group`): the store on `host:port` (0: a free
+    /// port), its keys under `name`, then `name/` and the backend's device type, as
+    /// `_new_process_group_helper` prefixes them. The group opens with
+    /// [`NamedGroup::open`], once the others are told the port.
+    pub fn serve_named(
+        host: &str,
+        port: u16,
+        world_size: usize,
+        name: &str,
+        device: Device,
+        timeout: Duration,
+    ) -> Result<NamedGroup, DistError> {
+        let (store, port) = Store::tcp(host, port, true, world_size, false, timeout).map_err(|message| {
+            DistError::Rendezvous { addr: host.into(), port, rank: 0, world_size, timeout, message }
+        })?;
+        let device_type = if device.is_cuda() { "cuda" } else { "cpu" };
+        let store = [name.to_string(), format!("{name}/"), format!("{device_type}/")]
+            .iter()
+            .try_fold(store, |store, prefix| store.prefixed(prefix))
+            .map_err(|message| DistError::Group {
+                backend: Backend::for_device(device),
+                rank: 0,
+                world_size,
+                message,
+            })?;
+        Ok(NamedGroup { store, port, world_size, device, timeout })
+    }
+
+    /// Opens the backend for `device`'s tensors over `store`; every rank waits (at most
+    /// `timeout`) for the others.
+    fn open(
+        store: Store,
+        rank: usize,
+        world_size: usize,
+        device: Device,
+        timeout: Duration,
+    ) -> Result<ProcessGroup, DistError> {
+        let backend = Backend::for_device(device);
+        let timeout_ms = millis(timeout);
+        let mut group = std::ptr::null_mut();
+        let (r, w) = (rank as c_int, world_size as c_int);
+        // SAFETY: the store is live; on success the shim stores an owned group in `group`.
+        ffi::check(unsafe {
+            match backend {
+                Backend::Gloo => ffi::kart_group_gloo(store.0, r, w, timeout_ms, &mut group),
+                Backend::Nccl => ffi::kart_group_nccl(store.0, r, w, timeout_ms, &mut group),
+            }
         })
+        .map_err(|message| DistError::Group { backend, rank, world_size, message })?;
+        tracing::info!(rank, world_size, ?backend, "process group joined");
+        Ok(ProcessGroup { group, store: store.release(), rank, world_size, backend, device, timeout })
     }
 
     /// Another handle on the same group, for a part of the program that issues collectives of
@@ -255,6 +275,81 @@ impl Drop for ProcessGroup {
             ffi::kart_group_free(self.group);
             ffi::kart_store_free(self.store);
         }
+    }
+}
+
+/// An owned c10d store handle.
+struct Store(*mut KartStore);
+
+// SAFETY: c10d stores may be used from any thread.
+unsafe impl Send for Store {}
+
+impl Store {
+    /// A `TCPStore`, served here when `serve`; returns it with the port it uses.
+    fn tcp(
+        host: &str,
+        port: u16,
+        serve: bool,
+        world_size: usize,
+        wait_workers: bool,
+        timeout: Duration,
+    ) -> Result<(Store, u16), String> {
+        let host = CString::new(host).map_err(|e| e.to_string())?;
+        let (mut store, mut bound) = (std::ptr::null_mut(), 0u16);
+        // SAFETY: valid arguments; on success the shim stores an owned store in `store`.
+        ffi::check(unsafe {
+            ffi::kart_store_tcp(
+                host.as_ptr(),
+                port,
+                serve,
+                world_size as c_int,
+                wait_workers,
+                millis(timeout),
+                &mut store,
+                &mut bound,
+            )
+        })?;
+        Ok((Store(store), bound))
+    }
+
+    /// This store's keys under `prefix`.
+    fn prefixed(self, prefix: &str) -> Result<Store, String> {
+        let prefix = CString::new(prefix).map_err(|e| e.to_string())?;
+        // SAFETY: the store is live; the prefix store holds its own reference to it.
+        Ok(Store(unsafe { ffi::kart_store_prefix(self.0, prefix.as_ptr()) }))
+    }
+
+    /// The raw handle, no longer released here.
+    fn release(self) -> *mut KartStore {
+        std::mem::ManuallyDrop::new(self).0
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // SAFETY: owned and released once.
+        unsafe { ffi::kart_store_free(self.0) };
+    }
+}
+
+/// A group served by [`ProcessGroup::serve_named`], before its other ranks joined.
+pub struct NamedGroup {
+    store: Store,
+    port: u16,
+    world_size: usize,
+    device: Device,
+    timeout: Duration,
+}
+
+impl NamedGroup {
+    /// The port the store listens on: what the other ranks are told.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Opens the group as rank 0 once the other ranks join (at most the timeout).
+    pub fn open(self) -> Result<ProcessGroup, DistError> {
+        ProcessGroup::open(self.store, 0, self.world_size, self.device, self.timeout)
     }
 }
 

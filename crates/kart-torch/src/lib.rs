@@ -21,6 +21,6 @@ pub mod ranks;
 pub mod runtime;
 
 pub use device::{DeviceError, auto, choose};
-pub use group::{Backend, DistError, ProcessGroup, ReduceOp, Work};
+pub use group::{Backend, DistError, NamedGroup, ProcessGroup, ReduceOp, Work};
 pub use ranks::{Ranks, RanksError};
 pub use runtime::Runtime;

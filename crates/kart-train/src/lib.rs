@@ -12,7 +12,9 @@
 //!   data-parallel run;
 //! - [`pool`]: where trajectories come from (in process or rollout workers), or [`replay`]: a
 //!   recording of them;
-//! - [`weights`]: how new weights reach the engines;
+//! - [`weights`]: how new weights reach the engines, [`broadcast`]: by a c10d broadcast to
+//!   SGLang's workers, [`replicas`]: every SGLang replica behind a URL, and [`replica_watch`]:
+//!   the replicas left behind between publishes;
 //! - [`plan`]: the per-GPU memory of a run, estimated before anything is loaded (`kart plan`);
 //! - [`checkpoint`], [`eval`], [`record`], [`metrics`], [`dump`], [`server`]: the run's outputs,
 //!   and
@@ -20,6 +22,7 @@
 //! - [`trainer`]: the loop, on rank 0; [`follower`]: the other ranks'.
 
 pub mod batch;
+pub mod broadcast;
 pub mod checkpoint;
 pub mod critic;
 pub mod data;
@@ -36,6 +39,7 @@ pub mod pool;
 pub mod progress;
 pub mod record;
 pub mod replay;
+pub mod replica_watch;
 pub mod replicas;
 pub mod server;
 pub mod trainer;

@@ -29,8 +29,9 @@ pub struct TrainerMetrics {
     pub step_seconds: HistogramVec,
     pub policy_version: Gauge,
     pub staleness: Histogram,
-    pub weight_sync_seconds: Histogram,
+    pub weight_sync_seconds: HistogramVec,
     pub weight_sync_replicas: Gauge,
+    pub replica_version_lag: GaugeVec,
     pub weight_sync_bytes: IntCounter,
     pub trajectories: IntCounterVec,
     pub checkpoints: IntCounter,
@@ -117,11 +118,18 @@ impl TrainerMetrics {
                 "Policy versions a trained trajectory lagged behind the trainer",
                 vec![0.0, 1.0, 2.0, 3.0, 4.0, 8.0, 16.0],
             ),
-            weight_sync_seconds: metrics::histogram(
+            weight_sync_seconds: metrics::histogram_vec(
                 r,
                 "kart_trainer_weight_sync_seconds",
-                "Time to publish new weights to the rollout engines",
+                "Time to publish new weights to the rollout engines, by method (in_process, http_pull, sglang_disk, sglang_broadcast)",
+                &["method"],
                 seconds,
+            ),
+            replica_version_lag: metrics::gauge_vec(
+                r,
+                "kart_trainer_replica_version_lag",
+                "Policy versions an SGLang replica's weights lag behind the published ones, by replica",
+                &["replica"],
             ),
             weight_sync_replicas: metrics::float_gauge(
                 r,

@@ -2,6 +2,7 @@
 //! flight), update, publish weights, evaluate, checkpoint.
 
 use super::batch::Sample;
+use super::broadcast::{BroadcastConfig, Broadcaster};
 use super::checkpoint::{self, CheckpointError, Loaded, Parts, TrainerState};
 use super::data::{DataError, Dataset, Sampler};
 use super::data_parallel::DataParallel;
@@ -12,6 +13,7 @@ use super::metrics::{MetricsLog, TrainerMetrics};
 use super::pool::{InProcessPool, RemotePool, RolloutPool};
 use super::record::{Key, StepRecord, keys};
 use super::replay::{Replay, ReplayError};
+use super::replica_watch::ReplicaWatch;
 use super::server::{Phase, StatusHandle};
 use super::update::{Learner, LearnerError};
 use super::weights::{Publisher, PullFrom, SyncError, WeightStore};
@@ -237,6 +239,14 @@ pub struct Trainer {
     status: StatusHandle,
     checkpoint: Option<PathBuf>,
     remote: bool,
+    /// The SGLang replicas' versions, watched while the run goes.
+    watch: Option<ReplicaWatch>,
+}
+
+/// What the loop waits for next.
+enum Next {
+    Batch(Result<Result<Batch, TrainError>, tokio::task::JoinError>),
+    Behind(Vec<String>),
 }
 
 impl Trainer {
@@ -305,6 +315,7 @@ impl Trainer {
             status,
             checkpoint: loaded.map(|l| l.dir),
             remote: !config.rollout.urls.is_empty(),
+            watch: None,
             config,
         })
     }
@@ -338,6 +349,9 @@ impl Trainer {
 
     async fn run_inner(&mut self) -> Result<RunSummary, TrainError> {
         let total = self.config.total_steps;
+        if let Some(urls) = self.config.weight_sync.sglang_urls().filter(|_| self.remote) {
+            self.watch = Some(ReplicaWatch::spawn(urls.to_vec(), self.metrics.replica_version_lag.clone()));
+        }
         if self.version > 0 || self.remote {
             self.publish().await?;
         }
@@ -361,11 +375,29 @@ impl Trainer {
                 in_flight.push_back(tokio::spawn(collector.collect(next, self.version)));
                 next += 1;
             }
-            let batch = in_flight
-                .pop_front()
-                .expect("a batch is in flight")
-                .await
-                .map_err(|e| TrainError::Rollout { step: self.step, reason: e.to_string() })??;
+            let batch = loop {
+                let next = in_flight.front_mut().expect("a batch is in flight");
+                let behind = async {
+                    match &mut self.watch {
+                        Some(watch) => watch.behind().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let next = tokio::select! {
+                    batch = next => Next::Batch(batch),
+                    behind = behind => Next::Behind(behind),
+                };
+                match next {
+                    Next::Batch(batch) => {
+                        in_flight.pop_front();
+                        break batch;
+                    }
+                    // The policy is idle while rollouts go on: bring the replicas left behind to it.
+                    Next::Behind(behind) => self.catch_up(&behind).await,
+                }
+            };
+            let batch =
+                batch.map_err(|e| TrainError::Rollout { step: self.step, reason: e.to_string() })??;
             self.status.update(|s| s.phase = Phase::Training);
             let mut record = self.train_step(batch).await?;
             let step = self.step;
@@ -456,12 +488,30 @@ impl Trainer {
     async fn publish(&self) -> Result<(), TrainError> {
         let started = Instant::now();
         let published = self.publisher.publish(&self.learner.policy, self.version).await?;
-        self.metrics.weight_sync_seconds.observe(started.elapsed().as_secs_f64());
+        let method = self.publisher.method();
+        self.metrics
+            .weight_sync_seconds
+            .with_label_values(&[method])
+            .observe(started.elapsed().as_secs_f64());
+        if let Some(watch) = &self.watch {
+            watch.published(self.version);
+        }
         self.metrics.weight_sync_replicas.set(published.replicas as f64);
         self.metrics.weight_sync_bytes.inc_by(published.bytes);
         self.metrics.policy_version.set(self.version as f64);
         self.status.update(|s| s.policy_version = self.version);
         Ok(())
+    }
+
+    /// Brings the replicas `behind` to the published version; a failure is left to the next
+    /// publish, which fails the step if it fails too.
+    async fn catch_up(&self, behind: &[String]) {
+        let version = self.version;
+        match self.publisher.catch_up(&self.learner.policy, version, behind).await {
+            Ok(0) => {}
+            Ok(replicas) => tracing::info!(replicas, version, "SGLang replicas caught up"),
+            Err(error) => tracing::warn!(%error, version, "catching up SGLang replicas failed"),
+        }
     }
 
     /// The held-out evaluation: greedy, and sampled as in training when `eval.sampled_n` is set;
@@ -706,6 +756,8 @@ fn position(config: &TrainConfig, checkpoint: Option<&Loaded>) -> Result<(u64, i
 /// How rollout workers and this trainer reach each other.
 #[derive(Debug, Clone, Default)]
 pub struct Serving {
+    /// The address other machines reach this trainer at.
+    pub host: String,
     /// The URL workers reach this trainer's `/weights` at.
     pub advertise_url: String,
     /// The token the trainer's requests to workers bear and its `/weights` asks for.
@@ -775,6 +827,32 @@ fn connect(
                 config.rollout.interruptible,
             ),
         ),
+        WeightSync::SglangBroadcast {
+            urls: servers,
+            master_address,
+            master_port,
+            bucket_mb,
+            timeout_secs,
+        } => {
+            let broadcast = BroadcastConfig {
+                urls: servers.clone(),
+                master_address: master_address.clone().unwrap_or(endpoints.serving.host),
+                master_port: *master_port,
+                bucket_bytes: (bucket_mb * (1 << 20) as f64) as usize,
+                timeout: Duration::from_secs_f64(*timeout_secs),
+                interrupt: config.rollout.interruptible,
+            };
+            (
+                Arc::new(RemotePool::new(
+                    urls,
+                    None,
+                    timeout,
+                    retry_deadline,
+                    endpoints.serving.token.as_ref(),
+                )),
+                Publisher::SglangBroadcast(Broadcaster::new(broadcast, device)),
+            )
+        }
     })
 }
 

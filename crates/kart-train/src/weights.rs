@@ -20,6 +20,7 @@ use kart_tokenizer::file::FileError;
 
 use kart_model::save_pretrained;
 
+use crate::broadcast::Broadcaster;
 use crate::replicas::{self, ResolveError};
 use kart_core::config::retry::RetryPolicy;
 use kart_core::engine::{EngineError, LoadWeightsError};
@@ -53,6 +54,8 @@ pub enum SyncError {
     Resolve(#[from] ResolveError),
     #[error("weights v{version} reached {updated} of {total} SGLang replicas: {failures}")]
     Replicas { version: i64, updated: usize, total: usize, failures: String },
+    #[error("weight-update group {name}: {reason}")]
+    Group { name: String, reason: String },
 }
 
 /// What a publish did.
@@ -65,9 +68,14 @@ pub struct Published {
 }
 
 /// Retries of one replica's update before the publish fails.
-const UPDATE_RETRY: RetryPolicy = RetryPolicy { retries: 2, backoff_ms: 1000 };
+pub(crate) const UPDATE_RETRY: RetryPolicy = RetryPolicy { retries: 2, backoff_ms: 1000 };
 /// How long one replica may take to load a version.
-const UPDATE_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const UPDATE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Bytes of the policy's tensors.
+pub(crate) fn tensor_bytes(policy: &CausalLm) -> u64 {
+    policy.named_tensors().iter().map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum()
+}
 
 /// The newest published weights files, served at `/weights/{version}`.
 #[derive(Debug, Clone, Default)]
@@ -141,6 +149,8 @@ pub enum Publisher {
     /// SGLang servers reload a Hugging Face folder from a shared path: every replica behind `urls`,
     /// aborting the requests in flight when `interrupt`.
     SglangDisk { path: PathBuf, urls: Vec<String>, source_dir: PathBuf, interrupt: bool },
+    /// SGLang servers receive the tensors broadcast from this rank.
+    SglangBroadcast(Broadcaster),
 }
 
 impl Publisher {
@@ -165,11 +175,7 @@ impl Publisher {
     /// Publishes the policy's weights as `version`; returns when every engine uses them (for HTTP
     /// pull: when they are served and one worker per rollout URL that took the push uses them).
     pub async fn publish(&self, policy: &CausalLm, version: i64) -> Result<Published, SyncError> {
-        let bytes = policy
-            .named_tensors()
-            .iter()
-            .map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64)
-            .sum();
+        let bytes = tensor_bytes(policy);
         match self {
             Publisher::InProcess(engine) => {
                 let tensors = tch::no_grad(|| {
@@ -234,6 +240,52 @@ impl Publisher {
                     }
                 }
                 Ok(Published { replicas: replicas.len(), bytes })
+            }
+            Publisher::SglangBroadcast(broadcaster) => broadcaster.publish(policy, version).await,
+        }
+    }
+}
+
+impl Publisher {
+    /// The method's name, as metrics label it.
+    pub fn method(&self) -> &'static str {
+        match self {
+            Publisher::InProcess(_) => "in_process",
+            Publisher::HttpPull { .. } => "http_pull",
+            Publisher::SglangDisk { .. } => "sglang_disk",
+            Publisher::SglangBroadcast(_) => "sglang_broadcast",
+        }
+    }
+
+    /// Brings the SGLang replicas `behind` (restarted, or new) to `version`, the one published
+    /// last; returns how many took it. Other methods have nothing to catch up: workers pulling
+    /// over HTTP load a request's version before generating.
+    pub async fn catch_up(
+        &self,
+        policy: &CausalLm,
+        version: i64,
+        behind: &[String],
+    ) -> Result<usize, SyncError> {
+        match self {
+            Publisher::InProcess(_) | Publisher::HttpPull { .. } => Ok(0),
+            Publisher::SglangBroadcast(broadcaster) => {
+                Ok(broadcaster.catch_up(policy, version).await?.replicas)
+            }
+            Publisher::SglangDisk { path, interrupt, .. } => {
+                let model_path = path.join(format!("v{version}")).display().to_string();
+                let mut caught_up = 0;
+                for replica in behind {
+                    let engine = SglangEngine::new(replica, UPDATE_TIMEOUT);
+                    // A look before the last catch-up may name a replica already brought up.
+                    if engine.weight_version().await.is_ok_and(|held| held == Some(version)) {
+                        continue;
+                    }
+                    update_from_disk(replica, &model_path, version, *interrupt)
+                        .await
+                        .map_err(|e| SyncError::Remote { url: replica.clone(), reason: e.to_string() })?;
+                    caught_up += 1;
+                }
+                Ok(caught_up)
             }
         }
     }

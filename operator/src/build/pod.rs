@@ -5,8 +5,8 @@ use super::{CONFIG_DIR, Settings};
 use crate::crd::pod::PodOverrides;
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SecretKeySelector, Volume, VolumeMount,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, SecretKeySelector, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -177,6 +177,21 @@ pub fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 /// An environment variable with a literal value.
 pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), ..EnvVar::default() }
+}
+
+/// The variable `name` set from the Pod's field `path` (`status.podIP`, an annotation).
+pub fn field_env(name: &str, path: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
 }
 
 /// The variable `name` set from `key` of Secret `secret`; the container waits for the Secret.

@@ -14,14 +14,13 @@
 use super::meta::{self, COMPLETION_INDEX, child};
 use super::objects::{claim, config_map, service};
 use super::pod::{
-    ContainerParts, STATUS_FILE, claim_volume, config_mount, config_volume, env, mount, template, token_env,
+    ContainerParts, STATUS_FILE, claim_volume, config_mount, config_volume, env, field_env, mount, template,
+    token_env,
 };
 use super::{InvalidSpec, MASTER_PORT, Settings, TRAINER_PORT, config_path, retriever, rollout_pool};
 use crate::crd::{RolloutPool, TrainingJob};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{
-    ConfigMap, EnvVar, EnvVarSource, ObjectFieldSelector, PersistentVolumeClaim, Service,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use kart_core::config::rollout::EngineConfig;
 use kart_core::config::train::TrainConfig;
 use kart_core::config::train::WeightSync;
@@ -76,7 +75,7 @@ pub fn status_url(tj: &TrainingJob) -> String {
 /// The config the trainer reads: the user's with `output_dir` on the checkpoint volume, the
 /// server on 0.0.0.0:8002, `rollout.urls` from `rolloutPoolRef` and `rollout.retriever_url` from
 /// `retrieverRef` when unset, and the weight-sync URLs: the one workers pull from, or the pool's
-/// SGLang replicas (every ready server) for `sglang_disk` without `urls`.
+/// SGLang replicas (every ready server) for `sglang_disk` and `sglang_broadcast` without `urls`.
 pub fn render_config(tj: &TrainingJob) -> TrainConfig {
     let name = tj.name_any();
     let namespace = tj.namespace().unwrap_or_default();
@@ -101,7 +100,7 @@ pub fn render_config(tj: &TrainingJob) -> TrainConfig {
         WeightSync::HttpPull { advertise_url: url @ None } => {
             *url = Some(meta::endpoint(&workload_name(&name), &namespace, TRAINER_PORT));
         }
-        WeightSync::SglangDisk { urls, .. } if urls.is_empty() => {
+        WeightSync::SglangDisk { urls, .. } | WeightSync::SglangBroadcast { urls, .. } if urls.is_empty() => {
             if let Some(pool) = &spec.rollout_pool_ref {
                 *urls = vec![rollout_pool::sglang_replicas_url(pool, &namespace)];
             }
@@ -175,13 +174,16 @@ pub fn validate(tj: &TrainingJob) -> Result<(), InvalidSpec> {
 }
 
 /// Whether the trainer's weight sync can keep the engine of `pool` (the RolloutPool of
-/// `rolloutPoolRef`) on its weights: `http_pull` for kart's embedded engine, `sglang_disk` for
-/// SGLang; nothing yet for vLLM.
+/// `rolloutPoolRef`) on its weights: `http_pull` for kart's embedded engine, `sglang_disk` or
+/// `sglang_broadcast` for SGLang; nothing yet for vLLM.
 pub fn weight_sync_fits(tj: &TrainingJob, pool: &RolloutPool) -> Result<(), InvalidSpec> {
     let pool_name = pool.name_any();
     let (kind, engine, wanted) = match (&pool.spec.config.engine, &tj.spec.config.weight_sync) {
         (EngineConfig::Embedded { .. }, WeightSync::HttpPull { .. })
-        | (EngineConfig::Sglang { .. }, WeightSync::SglangDisk { .. }) => return Ok(()),
+        | (EngineConfig::Sglang { .. }, WeightSync::SglangDisk { .. } | WeightSync::SglangBroadcast { .. }) =>
+        {
+            return Ok(());
+        }
         (EngineConfig::Vllm { .. }, _) => {
             return Err(InvalidSpec::new(
                 "spec.rolloutPoolRef",
@@ -192,7 +194,12 @@ pub fn weight_sync_fits(tj: &TrainingJob, pool: &RolloutPool) -> Result<(), Inva
         (EngineConfig::Embedded { .. }, WeightSync::SglangDisk { .. }) => {
             ("sglang_disk", "embedded", "http_pull")
         }
-        (EngineConfig::Sglang { .. }, WeightSync::HttpPull { .. }) => ("http_pull", "SGLang", "sglang_disk"),
+        (EngineConfig::Embedded { .. }, WeightSync::SglangBroadcast { .. }) => {
+            ("sglang_broadcast", "embedded", "http_pull")
+        }
+        (EngineConfig::Sglang { .. }, WeightSync::HttpPull { .. }) => {
+            ("http_pull", "SGLang", "sglang_disk or sglang_broadcast")
+        }
     };
     Err(InvalidSpec::new(
         "spec.config.weight_sync.kind",
@@ -268,17 +275,6 @@ pub fn job(tj: &TrainingJob, settings: &Settings, attempt: i32) -> Job {
     let multi = spec.nodes > 1;
     let master = if multi { format!("{job}-0.{}", nodes_service_name(&name)) } else { "127.0.0.1".into() };
     let per_node = gpus_per_node(tj).unwrap_or(1);
-    let node_rank = EnvVar {
-        name: "NODE_RANK".into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: format!("metadata.annotations['{COMPLETION_INDEX}']"),
-                ..ObjectFieldSelector::default()
-            }),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    };
     let mut args = vec![
         "train".to_string(),
         "--config".into(),
@@ -308,7 +304,9 @@ pub fn job(tj: &TrainingJob, settings: &Settings, attempt: i32) -> Job {
                 env("MASTER_ADDR", master),
                 env("MASTER_PORT", MASTER_PORT.to_string()),
                 env("WORLD_SIZE", (spec.nodes * per_node).to_string()),
-                node_rank,
+                field_env("NODE_RANK", format!("metadata.annotations['{COMPLETION_INDEX}']")),
+                // Where SGLang's workers reach rank 0 (`sglang_broadcast`).
+                field_env("POD_IP", "status.podIP"),
                 env("KART_STATUS_FILE", STATUS_FILE),
             ]
             .into_iter()
@@ -389,6 +387,13 @@ mod tests {
             },
             "every replica of the pool's SGLang servers"
         );
+        sglang.spec.config.weight_sync =
+            serde_json::from_value(serde_json::json!({"kind": "sglang_broadcast"})).unwrap();
+        let rendered = render_config(&sglang).weight_sync;
+        assert_eq!(
+            rendered.sglang_urls(),
+            Some(&["http://pool-sglang-replicas.ml.svc:30000".to_string()][..])
+        );
         assert_eq!(c.claim.as_ref().unwrap().metadata.name.as_deref(), Some("run-checkpoints"));
         assert!(c.nodes_service.is_none());
         let selector = c.service.spec.as_ref().unwrap().selector.as_ref().unwrap();
@@ -430,6 +435,7 @@ mod tests {
         assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
         assert_eq!(env["WORLD_SIZE"], "8", "one node's 8 GPUs (its nvidia.com/gpu limit)");
         assert_eq!(env["KART_STATUS_FILE"], "/dev/termination-log");
+        assert_eq!(env["POD_IP"], "fieldRef:status.podIP", "where SGLang's workers reach rank 0");
     }
 
     #[test]
@@ -440,12 +446,18 @@ mod tests {
             |tj: &TrainingJob, pool: &RolloutPool| weight_sync_fits(tj, pool).unwrap_err().to_string();
         assert_eq!(
             message(&tj, &pool),
-            "spec.config.weight_sync.kind = http_pull: RolloutPool pool runs the SGLang engine: use sglang_disk"
+            "spec.config.weight_sync.kind = http_pull: RolloutPool pool runs the SGLang engine: use sglang_disk or sglang_broadcast"
         );
+        let broadcast: WeightSync =
+            serde_json::from_value(serde_json::json!({"kind": "sglang_broadcast"})).unwrap();
+        tj.spec.config.weight_sync = broadcast.clone();
+        assert_eq!(weight_sync_fits(&tj, &pool), Ok(()));
         tj.spec.config.weight_sync = WeightSync::SglangDisk { path: "/weights".into(), urls: vec![] };
         assert_eq!(weight_sync_fits(&tj, &pool), Ok(()));
         pool.spec.config.engine = EngineConfig::default();
         assert!(message(&tj, &pool).starts_with("spec.config.weight_sync.kind = sglang_disk"));
+        tj.spec.config.weight_sync = broadcast;
+        assert!(message(&tj, &pool).starts_with("spec.config.weight_sync.kind = sglang_broadcast"));
         tj.spec.config.weight_sync = WeightSync::default();
         assert_eq!(weight_sync_fits(&tj, &pool), Ok(()));
         pool.spec.config.engine =

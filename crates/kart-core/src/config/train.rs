@@ -451,6 +451,46 @@ pub enum WeightSync {
         #[serde(default)]
         urls: Vec<String>,
     },
+    /// Broadcast the tensors from trainer rank 0 to the workers of every SGLang replica, in
+    /// buckets (SGLang's `/init_weights_update_group` and `/update_weights_from_distributed`, as
+    /// slime and verl use them): over NCCL from a GPU trainer, Gloo from a CPU one. Nothing is
+    /// written to disk.
+    SglangBroadcast {
+        /// SGLang server URLs, as for `sglang_disk`.
+        #[serde(default)]
+        urls: Vec<String>,
+        /// The address the replicas' workers reach trainer rank 0 at (default: the pod's
+        /// `POD_IP`, else 127.0.0.1).
+        #[serde(default)]
+        master_address: Option<String>,
+        /// The port of the group's store on trainer rank 0 (0: a free one).
+        #[serde(default)]
+        master_port: u16,
+        /// Bytes of tensors per broadcast, in MiB (one tensor larger than this goes alone).
+        #[serde(default = "default_sync_bucket_mb")]
+        bucket_mb: f64,
+        /// Seconds the replicas' workers have to join the group and to receive one bucket.
+        #[serde(default = "default_sync_timeout_secs")]
+        timeout_secs: f64,
+    },
+}
+
+fn default_sync_bucket_mb() -> f64 {
+    512.0
+}
+
+fn default_sync_timeout_secs() -> f64 {
+    600.0
+}
+
+impl WeightSync {
+    /// The SGLang servers this sync updates (none for `http_pull`).
+    pub fn sglang_urls(&self) -> Option<&[String]> {
+        match self {
+            WeightSync::HttpPull { .. } => None,
+            WeightSync::SglangDisk { urls, .. } | WeightSync::SglangBroadcast { urls, .. } => Some(urls),
+        }
+    }
 }
 
 impl Default for WeightSync {
@@ -539,22 +579,32 @@ impl TrainConfig {
                 "needs activation_checkpointing: true (a layer's gathered weights are dropped after its forward pass and gathered again for its recomputed backward pass)",
             );
         }
-        if self.rollout.interruptible && !matches!(self.weight_sync, WeightSync::SglangDisk { .. }) {
+        if self.rollout.interruptible && self.weight_sync.sglang_urls().is_none() {
             return err(
                 "rollout.interruptible",
                 &true,
-                "needs weight_sync.kind = sglang_disk (the embedded engine already swaps weights between decoding steps)",
+                "needs weight_sync.kind = sglang_disk or sglang_broadcast (the embedded engine already swaps weights between decoding steps)",
             );
         }
-        if let WeightSync::SglangDisk { path, urls } = &self.weight_sync {
-            if !path.is_absolute() {
-                let value = format!("{path:?}");
-                return err(
-                    "weight_sync.path",
-                    &value,
-                    "must be an absolute path the SGLang servers see too",
-                );
+        if let WeightSync::SglangDisk { path, .. } = &self.weight_sync
+            && !path.is_absolute()
+        {
+            let value = format!("{path:?}");
+            return err("weight_sync.path", &value, "must be an absolute path the SGLang servers see too");
+        }
+        if let WeightSync::SglangBroadcast { master_address, bucket_mb, timeout_secs, .. } = &self.weight_sync
+        {
+            if master_address.as_deref().is_some_and(|a| a.trim().is_empty()) {
+                return err("weight_sync.master_address", &"\"\"", "must be a host name or an address");
             }
+            if !above(*bucket_mb, 0.0) {
+                return err("weight_sync.bucket_mb", bucket_mb, "must be positive");
+            }
+            if !above(*timeout_secs, 0.0) {
+                return err("weight_sync.timeout_secs", timeout_secs, "must be positive");
+            }
+        }
+        if let Some(urls) = self.weight_sync.sglang_urls() {
             if urls.is_empty() {
                 return err("weight_sync.urls", &"[]", "must name the SGLang servers to update");
             }
@@ -772,6 +822,31 @@ mod tests {
             error.starts_with("rollout.interruptible = true: needs weight_sync.kind = sglang_disk"),
             "{error}"
         );
+        let broadcast: WeightSync = serde_json::from_value(
+            serde_json::json!({"kind": "sglang_broadcast", "urls": ["http://s:30000"]}),
+        )
+        .unwrap();
+        let WeightSync::SglangBroadcast { master_address, master_port, bucket_mb, timeout_secs, .. } =
+            &broadcast
+        else {
+            panic!("{broadcast:?}")
+        };
+        assert_eq!((master_address, *master_port, *bucket_mb, *timeout_secs), (&None, 0, 512.0, 600.0));
+        c.weight_sync = broadcast.clone();
+        c.rollout.interruptible = true;
+        assert_eq!(c.validate(), Ok(()));
+        for (field, value, message) in [
+            ("bucket_mb", serde_json::json!(0.0), "weight_sync.bucket_mb = 0: must be positive"),
+            ("timeout_secs", serde_json::json!(-1.0), "weight_sync.timeout_secs = -1: must be positive"),
+            ("master_address", serde_json::json!(" "), "weight_sync.master_address = \"\": must be"),
+            ("urls", serde_json::json!([]), "weight_sync.urls = []: must name the SGLang servers"),
+        ] {
+            let mut sync = serde_json::to_value(&broadcast).unwrap();
+            sync[field] = value;
+            c.weight_sync = serde_json::from_value(sync).unwrap();
+            let error = c.validate().unwrap_err().to_string();
+            assert!(error.starts_with(message), "{error}");
+        }
     }
 
     #[test]

@@ -50,14 +50,19 @@ impl HttpEngine {
 
     /// POSTs `payload` to `{base}{path}` and returns the JSON body of a successful answer.
     pub async fn post(&self, path: &str, payload: &Value) -> Result<Value, EngineError> {
-        let url = format!("{}{path}", self.base);
-        let response = self
-            .client
-            .post(&url)
-            .json(payload)
-            .send()
-            .await
-            .map_err(|e| self.unavailable(&url, describe(e)))?;
+        self.send(self.client.post(format!("{}{path}", self.base)).json(payload)).await
+    }
+
+    /// GETs `{base}{path}` and returns the JSON body of a successful answer.
+    pub async fn get(&self, path: &str) -> Result<Value, EngineError> {
+        self.send(self.client.get(format!("{}{path}", self.base))).await
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, EngineError> {
+        let (client, request) = request.build_split();
+        let request = request.map_err(|e| self.unavailable(&self.base, describe(e)))?;
+        let url = format!("{} {}", request.method(), request.url());
+        let response = client.execute(request).await.map_err(|e| self.unavailable(&url, describe(e)))?;
         let status = response.status();
         let body = response.bytes().await.map_err(|e| self.unavailable(&url, describe(e)))?;
         if status.is_success() {
@@ -75,14 +80,15 @@ impl HttpEngine {
         })
     }
 
-    /// A retryable failure of the request to `url`.
-    fn unavailable(&self, url: &str, reason: impl std::fmt::Display) -> EngineError {
-        EngineError::Unavailable { engine: self.engine.into(), reason: format!("POST {url}: {reason}") }
+    /// A retryable failure of the request `what` (method and URL).
+    pub fn unavailable(&self, what: &str, reason: impl std::fmt::Display) -> EngineError {
+        EngineError::Unavailable { engine: self.engine.into(), reason: format!("{what}: {reason}") }
     }
 
-    /// A successful answer from `url` that lacks what kart needs (`what` names the field).
+    /// A successful answer to the POST to `url` that lacks what kart needs (`what` names the
+    /// field).
     pub fn malformed(&self, url: &str, what: impl std::fmt::Display) -> EngineError {
-        self.unavailable(url, format!("malformed response: {what}"))
+        self.unavailable(&format!("POST {url}"), format!("malformed response: {what}"))
     }
 
     /// The engine's name (`sglang`, `vllm`).

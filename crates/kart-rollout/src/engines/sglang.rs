@@ -15,7 +15,12 @@
 //! Seeds: `sampling_seed` only takes effect on servers started with
 //! `--enable-deterministic-inference`; other servers ignore it.
 //!
-//! Policy versions: [`SglangEngine::update_weights_from_disk`] loads new weights and tags them with
+//! Weights: [`SglangEngine::update_weights_from_disk`] loads a Hugging Face folder;
+//! [`SglangEngine::init_weights_update_group`] and [`SglangEngine::update_weights_from_distributed`]
+//! receive tensors broadcast by the trainer over NCCL (or Gloo), in flattened buckets, as slime and
+//! verl send them.
+//!
+//! Policy versions: both update calls tag the new weights with
 //! SGLang's `weight_version`, which the server reports in every response's `meta_info` at the moment
 //! the output finished (a weight update waits for running requests, unless it aborts them). Outputs
 //! carry that version when it is an integer, otherwise the one recorded (by
@@ -46,6 +51,29 @@ enum Answer {
     Finished(EngineOutput),
     /// The tokens of a request that was aborted, and the version that sampled them.
     Interrupted { token_ids: Vec<u32>, logprobs: Vec<f32>, version: i64 },
+}
+
+/// A tensor announced to an SGLang server ahead of its broadcast.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMeta {
+    pub name: String,
+    /// Its dtype as `torch` names it (`bfloat16`, `float32`).
+    pub dtype: &'static str,
+    pub shape: Vec<i64>,
+}
+
+/// A weight-update group an SGLang server's workers join: rank 0 (the trainer) serves its store
+/// at `master_address:master_port`.
+#[derive(Debug, Clone)]
+pub struct UpdateGroup<'a> {
+    pub master_address: &'a str,
+    pub master_port: u16,
+    /// The rank of the server's first worker.
+    pub rank_offset: usize,
+    pub world_size: usize,
+    pub name: &'a str,
+    /// `nccl` (CUDA tensors) or `gloo`.
+    pub backend: &'a str,
 }
 
 /// An SGLang server reached over HTTP.
@@ -90,13 +118,85 @@ impl SglangEngine {
         let payload = json!({
             "model_path": model_path, "weight_version": version.to_string(), "abort_all_requests": abort_all,
         });
-        let answer = self.http.post("/update_weights_from_disk", &payload).await?;
-        // SGLang answers 400 with `success: false` when loading fails; a 200 says `success: true`.
+        self.call("/update_weights_from_disk", &payload).await?;
+        self.set_version(version);
+        Ok(())
+    }
+
+    /// The server's tensor-parallel size (`tp_size` of `GET /get_server_info`): its workers, each
+    /// one rank of a weight-update group.
+    pub async fn tp_size(&self) -> Result<usize, EngineError> {
+        let info = self.http.get("/get_server_info").await?;
+        let tp = info["tp_size"].as_u64().filter(|&tp| tp > 0);
+        let url = format!("GET {}/get_server_info", self.url());
+        let tp =
+            tp.ok_or_else(|| self.http.unavailable(&url, "malformed response: no positive `tp_size`"))?;
+        Ok(tp as usize)
+    }
+
+    /// The policy version the server's weights have (`GET /get_weight_version`); `None` when it is
+    /// not an integer: SGLang's `default`, the weights it started with.
+    pub async fn weight_version(&self) -> Result<Option<i64>, EngineError> {
+        let answer = self.http.get("/get_weight_version").await?;
+        Ok(answer["weight_version"].as_str().and_then(|v| v.parse().ok()))
+    }
+
+    /// Tells the server's workers to join `group` (`POST /init_weights_update_group`): worker
+    /// `i` becomes rank `rank_offset + i`. Returns once they joined, that is once every rank did.
+    pub async fn init_weights_update_group(&self, group: &UpdateGroup<'_>) -> Result<(), EngineError> {
+        let payload = json!({
+            "master_address": group.master_address,
+            "master_port": group.master_port,
+            "rank_offset": group.rank_offset,
+            "world_size": group.world_size,
+            "group_name": group.name,
+            "backend": group.backend,
+        });
+        self.call("/init_weights_update_group", &payload).await
+    }
+
+    /// Makes the server's workers receive `tensors` as one flattened bucket (their bytes in order)
+    /// broadcast from rank 0 of `group_name` (`POST /update_weights_from_distributed`, load format
+    /// `flattened_bucket`), and load them. The last bucket of a publish carries its `version`,
+    /// which then becomes the server's `weight_version`, and flushes the prefix cache;
+    /// `abort_all` aborts the requests in flight first. Returns once the broadcast completed.
+    pub async fn update_weights_from_distributed(
+        &self,
+        tensors: &[TensorMeta],
+        group_name: &str,
+        version: Option<i64>,
+        abort_all: bool,
+    ) -> Result<(), EngineError> {
+        let payload = json!({
+            "names": tensors.iter().map(|t| &t.name).collect::<Vec<_>>(),
+            "dtypes": tensors.iter().map(|t| t.dtype).collect::<Vec<_>>(),
+            "shapes": tensors.iter().map(|t| &t.shape).collect::<Vec<_>>(),
+            "group_name": group_name,
+            "flush_cache": version.is_some(),
+            "abort_all_requests": abort_all,
+            "weight_version": version.map(|v| v.to_string()),
+            "load_format": "flattened_bucket",
+        });
+        self.call("/update_weights_from_distributed", &payload).await?;
+        if let Some(version) = version {
+            self.set_version(version);
+        }
+        Ok(())
+    }
+
+    /// Makes the server's workers leave `group_name` (`POST /destroy_weights_update_group`).
+    pub async fn destroy_weights_update_group(&self, group_name: &str) -> Result<(), EngineError> {
+        self.call("/destroy_weights_update_group", &json!({ "group_name": group_name })).await
+    }
+
+    /// POSTs `payload` to one of SGLang's control endpoints, which answer `success` and `message`
+    /// (a failure is a 400 with `success: false`).
+    async fn call(&self, path: &str, payload: &Value) -> Result<(), EngineError> {
+        let answer = self.http.post(path, payload).await?;
         if answer["success"].as_bool() != Some(true) {
-            let url = format!("{}/update_weights_from_disk", self.url());
+            let url = format!("{}{path}", self.url());
             return Err(self.http.malformed(&url, format!("`success` is not true in {answer}")));
         }
-        self.set_version(version);
         Ok(())
     }
 

@@ -103,7 +103,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         let host = std::env::var("POD_IP").unwrap_or_else(|_| "127.0.0.1".into());
         let advertise = format!("http://{host}:{port}");
         let trainer = tokio::task::block_in_place(|| {
-            let serving = Serving { advertise_url: advertise, token };
+            let serving = Serving { host, advertise_url: advertise, token };
             Trainer::build(config, args.resume, &ranks, &registry, status.clone(), weights, serving)
         })?;
         ready.set(true);
