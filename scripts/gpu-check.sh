@@ -13,6 +13,11 @@
 #      ZeRO-2 or full sharding (FSDP) over all GPUs, then bf16 with checkpointing, unsharded and
 #      fully sharded; on the benchmark model and on a Qwen2.5-0.5B-shaped one (its last row: bf16,
 #      checkpointing and full sharding over all GPUs).
+#   5. `kart bench sync`: weight sync by disk, HTTP pull and broadcast to SGLang stand-ins (Gloo).
+#      With 2 GPUs or more and the `sglang` package installed, a real SGLang server on GPU 1
+#      serving the benchmark model, and the trainer's tensors on GPU 0 broadcast to its worker
+#      over NCCL (`/init_weights_update_group`, `/update_weights_from_distributed`), against a
+#      reload from disk.
 #
 # PEAK_TFLOPS sets the card's dense f32 peak for MFU (guessed for H100, H200, A100 and L40S).
 set -euo pipefail
@@ -53,4 +58,25 @@ if [ "$GPUS" -gt 1 ]; then
   "$KART" bench train --memory --device cuda --ranks "$GPUS"
   echo "== the same on a Qwen2.5-0.5B-shaped model (random weights, 8 x 1024 tokens)"
   "$KART" bench train --memory --device cuda --ranks "$GPUS" --shape qwen2.5-0.5b --steps 2
+fi
+
+echo "== kart bench sync (SGLang stand-ins, Gloo)"
+SYNC="$(mktemp -d)"
+trap 'rm -rf "$SYNC"' EXIT
+"$KART" bench sync --model-dir "$SYNC/model"
+PY="${KART_VENV:-.venv}/bin/python"
+if [ "$GPUS" -gt 1 ] && "$PY" -c 'import sglang' 2>/dev/null; then
+  echo "== kart bench sync --device cuda: a real SGLang server on GPU 1, NCCL from GPU 0"
+  CUDA_VISIBLE_DEVICES=1 "$PY" -m sglang.launch_server --model-path "$SYNC/model" --port 30123 \
+    --mem-fraction-static 0.5 >"$SYNC/sglang.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 300); do
+    curl -sf http://127.0.0.1:30123/health >/dev/null && break
+    kill -0 "$SERVER" 2>/dev/null || { cat "$SYNC/sglang.log"; exit 1; }
+    sleep 1
+  done
+  "$KART" bench sync --device cuda --model-dir "$SYNC/model" --urls http://127.0.0.1:30123 --replicas 1
+  kill "$SERVER"
+else
+  echo "(no NCCL broadcast to SGLang: it needs 2 GPUs and the sglang package in $PY)"
 fi

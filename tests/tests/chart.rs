@@ -275,7 +275,7 @@ fn start_kart(dir: &Path) -> Kart {
     let model = shared_dir().join("fixtures/models/tiny-qwen2");
     let mut sglang = spawn(
         Command::new(python())
-            .arg(repo_root().join("tests/standins/sglang.py"))
+            .arg(repo_root().join("scripts/standins/sglang.py"))
             .arg(&model)
             .arg(sglang_port.to_string()),
     );

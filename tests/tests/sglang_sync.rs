@@ -1,5 +1,5 @@
 //! `kart train` keeping SGLang servers on its weights, against two stand-in SGLang servers
-//! (`tests/standins/sglang.py`, SGLang's HTTP endpoints) behind a real rollout worker and a real
+//! (`scripts/standins/sglang.py`, SGLang's HTTP endpoints) behind a real rollout worker and a real
 //! retriever.
 //!
 //! - `sglang_disk`: every replica loads every version as its `weight_version`, a failed update is
@@ -42,7 +42,7 @@ fn sglang_on(dir: &Path, name: &str, port: u16, replica: Replica) -> (Child, Str
     std::fs::create_dir_all(&received).unwrap();
     let mut child = Child(
         Command::new(python())
-            .arg(repo_root().join("tests/standins/sglang.py"))
+            .arg(repo_root().join("scripts/standins/sglang.py"))
             .arg(shared_dir().join("fixtures/models/tiny-qwen2"))
             .arg(port.to_string())
             .arg("--record")

@@ -399,8 +399,8 @@ pub struct RolloutSource {
     /// once a worker's `/readyz` answers, before they count as failed; 0 fails them at once.
     /// Other refusals (4xx) fail them at once.
     pub retry_deadline_secs: f64,
-    /// Let a weight update interrupt the generations in flight (`sglang_disk`: SGLang's
-    /// `abort_all_requests`) rather than wait for them to finish: the workers continue each from
+    /// Let a weight update interrupt the generations in flight (`sglang_disk` and
+    /// `sglang_broadcast`: SGLang's `abort_all_requests`) rather than wait for them to finish: the workers continue each from
     /// its prefix on the new weights, every token keeping the version that sampled it.
     pub interruptible: bool,
     /// Train on the groups recorded in this `rollouts.jsonl` (written with `dump_rollouts`), step

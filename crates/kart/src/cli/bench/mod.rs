@@ -6,6 +6,7 @@ mod encoder;
 mod model;
 mod retriever;
 mod rollout;
+mod sync;
 mod train;
 
 use std::process::ExitCode;
@@ -17,6 +18,7 @@ pub enum Command {
     Encoder(encoder::Args),
     Retriever(retriever::Args),
     Rollout(rollout::Args),
+    Sync(sync::Args),
     Train(train::Args),
 }
 
@@ -26,6 +28,7 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Encoder(args) => encoder::run(args),
         Command::Retriever(args) => retriever::run(args),
         Command::Rollout(args) => rollout::run(args),
+        Command::Sync(args) => sync::run(args),
         Command::Train(args) => train::run(args),
     }
 }

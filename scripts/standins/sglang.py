@@ -6,7 +6,8 @@
   retrieved passages, so a real `kart rollout serve` makes real tool calls against a real
   retriever.
 - `POST /update_weights_from_disk` `{model_path, weight_version, abort_all_requests, ...}`:
-  checks that `model_path` is a Hugging Face folder (config.json and safetensors), aborts the
+  checks that `model_path` is a Hugging Face folder (config.json and safetensors) and reads its
+  shards, aborts the
   requests in flight when `abort_all_requests` (they answer with what they generated so far and
   `finish_reason.type: abort`), then takes `weight_version` as the server's version; answers
   `{success, message, num_paused_requests}` (400 with `success: false` on failure, as SGLang
@@ -50,7 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 import torch.distributed
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 parser = argparse.ArgumentParser()
@@ -101,6 +102,9 @@ def update_from_disk(body: dict) -> tuple[int, dict]:
         files = os.listdir(path) if os.path.isdir(path) else []
         if "config.json" not in files or not any(f.endswith(".safetensors") for f in files):
             return 400, {"success": False, "message": f"{path} is not a Hugging Face model folder"}
+        # Read every shard, as SGLang's loader does (what `kart bench sync` times).
+        for shard in sorted(f for f in files if f.endswith(".safetensors")):
+            load_file(os.path.join(path, shard))
         if body.get("abort_all_requests"):
             state["aborts"] += 1
         if body.get("weight_version") is not None:

@@ -1,0 +1,332 @@
+//! `kart bench sync`: the time to bring inference replicas to a new policy version by each
+//! weight-sync method, against `sglang_disk` (a Hugging Face folder each replica reloads) in the
+//! same run.
+//!
+//! The random 46.5M-parameter Qwen2 of `kart bench model` (f32) is published by the trainer's own
+//! [`Publisher`]s, each to `--replicas` receivers, timing one publish from its call until every
+//! receiver holds the version:
+//! - `sglang_disk`: the folder written, then each replica (the SGLang stand-in,
+//!   `scripts/standins/sglang.py`) reads every shard as SGLang's loader does;
+//! - `http_pull`: the safetensors file written and served by the trainer's HTTP server, then each
+//!   receiver (a rollout worker's [`WeightLoader`] over an embedded engine) downloads and loads it;
+//! - `sglang_broadcast`: the tensors broadcast from this process to the stand-ins' workers over
+//!   Gloo (`torch.distributed`, as SGLang's workers join), in buckets of `--bucket-mb`; the
+//!   group is formed by a first, untimed publish. A second run with 4 MiB buckets gives the cost of
+//!   one bucket (its HTTP round trips), which with the bytes of a 7B model in bf16 projects a
+//!   publish over NVLink and InfiniBand at the bandwidths given.
+
+use super::anchor::{AnchorArgs, Row, check_python, median};
+use super::model::random_model;
+use anyhow::Context;
+use kart_core::config::rollout::WeightDownloadConfig;
+use kart_http::Readiness;
+use kart_model::config::BENCHMARK_SIZES;
+use kart_model::{CausalLm, EmbeddedEngine, QwenSizes};
+use kart_rollout::weights::{Downloader, WeightLoader};
+use kart_train::broadcast::{BroadcastConfig, Broadcaster};
+use kart_train::server::{StatusHandle, router};
+use kart_train::weights::{Published, Publisher, PullFrom, WeightStore};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const STANDIN: &str = include_str!("../../../../../scripts/standins/sglang.py");
+
+/// Parameters of a 7B Qwen2 (Qwen2.5-7B), for the projection.
+const PARAMS_7B: f64 = 7.6e9;
+
+/// Benchmark the weight-sync methods (disk, HTTP pull, broadcast) on the 46.5M-parameter model.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Receivers of each publish.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    replicas: u16,
+    /// Timed publishes per method (the median is reported) [default: 3, 1 with --quick].
+    #[arg(long)]
+    repeats: Option<usize>,
+    /// Bucket size of the broadcast, in MiB.
+    #[arg(long, default_value_t = 512.0)]
+    bucket_mb: f64,
+    /// NVLink bus bandwidth of an NCCL broadcast, in GB/s, for the 7B projection.
+    #[arg(long, default_value_t = 300.0)]
+    nvlink_gbps: f64,
+    /// InfiniBand bandwidth between nodes, in GB/s, for the 7B projection.
+    #[arg(long, default_value_t = 45.0)]
+    ib_gbps: f64,
+    /// The model: this Hugging Face folder (written there with random weights when missing).
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
+    /// SGLang servers already serving `--model-dir` (real ones: `scripts/gpu-check.sh`) instead
+    /// of stand-ins; `--replicas` is then their number.
+    #[arg(long, value_delimiter = ',', requires = "model_dir")]
+    urls: Vec<String>,
+    /// Where the trainer's tensors are: `cpu` (Gloo) or `cuda` (NCCL; the servers on other GPUs).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    device: String,
+    #[command(flatten)]
+    anchor: AnchorArgs,
+}
+
+/// What a run measured.
+#[derive(Debug, Serialize)]
+struct Report {
+    parameters: i64,
+    bytes: u64,
+    replicas: u16,
+    disk_secs: f64,
+    pull_secs: f64,
+    broadcast_secs: f64,
+    /// Seconds one more bucket costs a broadcast (its HTTP round trips), from 4 MiB buckets.
+    per_bucket_secs: f64,
+    projected_7b_nvlink_secs: f64,
+    projected_7b_ib_secs: f64,
+    rows: Vec<Row>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let python = args.anchor.python();
+    check_python(&python, "torch, safetensors, tokenizers")?;
+    let dir = tempfile::tempdir()?;
+    let model_dir = args.model_dir.clone().unwrap_or_else(|| dir.path().join("model"));
+    let (sizes, vocab) = if args.anchor.quick {
+        (
+            QwenSizes {
+                vocab_size: 2048,
+                hidden_size: 64,
+                intermediate_size: 128,
+                num_hidden_layers: 2,
+                ..BENCHMARK_SIZES
+            },
+            512,
+        )
+    } else {
+        (BENCHMARK_SIZES, 8000)
+    };
+    if !model_dir.join("config.json").exists() {
+        random_model(&model_dir, sizes, vocab, args.anchor.seed)?;
+    }
+    let device = if args.device == "cuda" { tch::Device::Cuda(0) } else { tch::Device::Cpu };
+    let policy = CausalLm::load(&model_dir, device)?;
+    let tokenizer = kart_tokenizer::Tokenizer::load(&model_dir)?;
+    let repeats = args.anchor.or(args.repeats, 3, 1);
+    let script = dir.path().join("sglang.py");
+    std::fs::write(&script, STANDIN)?;
+    let mut servers = Vec::new();
+    let mut urls = args.urls.clone();
+    for _ in urls.len()..args.replicas as usize {
+        let (server, url) = standin(&python, &script, &model_dir)?;
+        servers.push(server);
+        urls.push(url);
+    }
+    let report = tokio::runtime::Runtime::new()?.block_on(async {
+        for url in &urls {
+            ready(url).await?;
+        }
+        measure(&args, &policy, &tokenizer, &model_dir, dir.path(), urls, repeats).await
+    })?;
+    drop(servers);
+    print_report(&report, &args);
+    if let Some(path) = &args.anchor.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn measure(
+    args: &Args,
+    policy: &CausalLm,
+    tokenizer: &kart_tokenizer::Tokenizer,
+    model_dir: &Path,
+    dir: &Path,
+    urls: Vec<String>,
+    repeats: usize,
+) -> anyhow::Result<Report> {
+    let mut version = 0;
+    let urls_count = urls.len() as u16;
+    let disk = Publisher::sglang_disk(dir.join("disk"), urls.clone(), model_dir.to_path_buf(), false);
+    let mut disk_secs = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..repeats {
+        let (secs, published) = timed(&disk, policy, &mut version).await?;
+        disk_secs.push(secs);
+        bytes = published.bytes;
+    }
+
+    let broadcaster = |bucket_mb: f64| {
+        let config = BroadcastConfig {
+            urls: urls.clone(),
+            master_address: "127.0.0.1".into(),
+            master_port: 0,
+            bucket_bytes: (bucket_mb * (1 << 20) as f64) as usize,
+            timeout: Duration::from_secs(600),
+            interrupt: false,
+        };
+        Publisher::SglangBroadcast(Broadcaster::new(config, policy.device()))
+    };
+    let broadcast = broadcaster(args.bucket_mb);
+    timed(&broadcast, policy, &mut version).await?;
+    let mut broadcast_secs = Vec::new();
+    for _ in 0..repeats {
+        broadcast_secs.push(timed(&broadcast, policy, &mut version).await?.0);
+    }
+    let small = broadcaster(4.0);
+    timed(&small, policy, &mut version).await?;
+    let small_secs = timed(&small, policy, &mut version).await?.0;
+    let buckets = |mb: f64| (bytes as f64 / (mb * (1 << 20) as f64)).ceil().max(1.0);
+    let (broadcast_median, extra_buckets) =
+        (median(broadcast_secs.into_iter()), buckets(4.0) - buckets(args.bucket_mb));
+    let per_bucket_secs =
+        if extra_buckets > 0.0 { ((small_secs - broadcast_median) / extra_buckets).max(0.0) } else { 0.0 };
+
+    let pull_secs = pull(policy, tokenizer, model_dir, dir, urls_count, repeats).await?;
+
+    let disk_secs = median(disk_secs.into_iter());
+    let bytes_7b = PARAMS_7B * 2.0;
+    let buckets_7b = (bytes_7b / (args.bucket_mb * (1 << 20) as f64)).ceil();
+    let project = |gbps: f64| bytes_7b / (gbps * 1e9) + buckets_7b * per_bucket_secs;
+    let rows = vec![
+        Row::at_most("http_pull seconds".into(), pull_secs, disk_secs, 1.0),
+        Row::at_most("sglang_broadcast seconds".into(), broadcast_median, disk_secs, 1.0),
+    ];
+    Ok(Report {
+        parameters: kart_model::transformer::parameter_count(policy.config(), "") as i64,
+        bytes,
+        replicas: urls_count,
+        disk_secs,
+        pull_secs,
+        broadcast_secs: broadcast_median,
+        per_bucket_secs,
+        projected_7b_nvlink_secs: project(args.nvlink_gbps),
+        projected_7b_ib_secs: project(args.ib_gbps),
+        rows,
+    })
+}
+
+/// The seconds of one publish by `publisher` of the next version after `version`, and what it did.
+async fn timed(
+    publisher: &Publisher,
+    policy: &CausalLm,
+    version: &mut i64,
+) -> anyhow::Result<(f64, Published)> {
+    *version += 1;
+    let started = Instant::now();
+    let published = publisher.publish(policy, *version).await?;
+    Ok((started.elapsed().as_secs_f64(), published))
+}
+
+/// The median seconds of `repeats` HTTP-pull publishes, each until `replicas` rollout workers'
+/// loaders (over embedded engines) hold it.
+async fn pull(
+    policy: &CausalLm,
+    tokenizer: &kart_tokenizer::Tokenizer,
+    model_dir: &Path,
+    dir: &Path,
+    replicas: u16,
+    repeats: usize,
+) -> anyhow::Result<f64> {
+    let store = WeightStore::default();
+    let app = router(
+        StatusHandle::default(),
+        store.clone(),
+        prometheus::Registry::new(),
+        Readiness::default(),
+        None,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move { kart_http::serve(listener, app).await });
+    let from = PullFrom::new(url);
+    let publisher = Publisher::http_pull(Vec::new(), from.clone(), dir.join("pull"), store, 2, None);
+    let loads =
+        prometheus::IntCounterVec::new(prometheus::Opts::new("loads", "loads"), &["trigger", "outcome"])?;
+    let mut loaders = Vec::new();
+    for _ in 0..replicas {
+        let engine =
+            EmbeddedEngine::spawn(CausalLm::load(model_dir, tch::Device::Cpu)?, tokenizer.clone(), 1, 0, 0);
+        let downloader = Downloader::new(WeightDownloadConfig::default(), None)?;
+        loaders.push(WeightLoader::new(Arc::new(engine), 0, downloader, loads.clone()));
+    }
+    let mut seconds = Vec::new();
+    for version in 1..=repeats as i64 {
+        let started = Instant::now();
+        publisher.publish(policy, version).await?;
+        let source = from.source(version);
+        let pulls = loaders.iter().map(|l| l.ensure(&source));
+        for pulled in futures::future::join_all(pulls).await {
+            pulled.context("pulling the weights")?;
+        }
+        seconds.push(started.elapsed().as_secs_f64());
+    }
+    Ok(median(seconds.into_iter()))
+}
+
+/// The SGLang stand-in serving `model_dir` on a free port.
+fn standin(python: &Path, script: &Path, model_dir: &Path) -> anyhow::Result<(ChildGuard, String)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let child = Command::new(python)
+        .arg(script)
+        .arg(model_dir)
+        .arg(port.to_string())
+        .spawn()
+        .with_context(|| format!("starting {}", python.display()))?;
+    Ok((ChildGuard(child), format!("http://127.0.0.1:{port}")))
+}
+
+/// Waits (at most a minute) until the server at `url` answers `/health`.
+async fn ready(url: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let client = reqwest::Client::new();
+    loop {
+        if client.get(format!("{url}/health")).send().await.is_ok_and(|r| r.status().is_success()) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the SGLang stand-in at {url} did not start within a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A child process killed when dropped.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn print_report(r: &Report, args: &Args) {
+    println!(
+        "weight sync of {:.1}M parameters ({:.0} MB, f32) to {} receivers, median of the timed publishes",
+        r.parameters as f64 / 1e6,
+        r.bytes as f64 / 1e6,
+        r.replicas
+    );
+    println!("{:<28} {:>10} {:>12} {:>8} {:>10}", "method", "seconds", "sglang_disk", "ratio", "target");
+    for row in &r.rows {
+        let met = if row.met { "met" } else { "missed" };
+        println!(
+            "{:<28} {:>10.3} {:>12.3} {:>7.2}x {:>10} {met}",
+            row.metric, row.kart, row.anchor, row.ratio, row.target
+        );
+    }
+    println!(
+        "broadcast: {:.1} MB/s over Gloo on this machine; one more bucket costs {:.1} ms",
+        r.bytes as f64 / r.broadcast_secs / 1e6,
+        r.per_bucket_secs * 1e3
+    );
+    println!(
+        "projected publish of a 7B model (bf16, {:.1} GB, {:.0} MiB buckets): {:.2} s over NVLink at {} GB/s, {:.2} s over InfiniBand at {} GB/s",
+        PARAMS_7B * 2.0 / 1e9,
+        args.bucket_mb,
+        r.projected_7b_nvlink_secs,
+        args.nvlink_gbps,
+        r.projected_7b_ib_secs,
+        args.ib_gbps
+    );
+}
