@@ -116,6 +116,19 @@ impl Row {
     }
 }
 
+/// Prints `rows` as a table: the metric, kart's figure, the anchor's (its column headed
+/// `anchor`), the ratio and the target.
+pub fn print_rows(rows: &[Row], anchor: &str) {
+    println!("{:<28} {:>10} {:>12} {:>7} {:>8}  met?", "metric", "kart", anchor, "ratio", "target");
+    for row in rows {
+        let met = if row.met { "yes" } else { "no" };
+        println!(
+            "{:<28} {:>10.3} {:>12.3} {:>6.2}x {:>8}  {met}",
+            row.metric, row.kart, row.anchor, row.ratio, row.target
+        );
+    }
+}
+
 /// An anchor script running in Python, answering one JSON request per line with one JSON line.
 pub struct Anchor {
     name: String,

@@ -15,7 +15,7 @@
 //!   one bucket (its HTTP round trips), which with the bytes of a 7B model in bf16 projects a
 //!   publish over NVLink and InfiniBand at the bandwidths given.
 
-use super::anchor::{AnchorArgs, Row, check_python, median};
+use super::anchor::{AnchorArgs, Row, check_python, median, print_rows};
 use super::model::random_model;
 use anyhow::Context;
 use kart_core::config::rollout::WeightDownloadConfig;
@@ -307,14 +307,7 @@ fn print_report(r: &Report, args: &Args) {
         r.bytes as f64 / 1e6,
         r.replicas
     );
-    println!("{:<28} {:>10} {:>12} {:>8} {:>10}", "method", "seconds", "sglang_disk", "ratio", "target");
-    for row in &r.rows {
-        let met = if row.met { "met" } else { "missed" };
-        println!(
-            "{:<28} {:>10.3} {:>12.3} {:>7.2}x {:>10} {met}",
-            row.metric, row.kart, row.anchor, row.ratio, row.target
-        );
-    }
+    print_rows(&r.rows, "sglang_disk");
     println!(
         "broadcast: {:.1} MB/s over Gloo on this machine; one more bucket costs {:.1} ms",
         r.bytes as f64 / r.broadcast_secs / 1e6,

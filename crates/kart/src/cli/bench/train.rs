@@ -24,7 +24,7 @@
 //! allocator on the CPU); the first setting (f32, every rank holding everything) is the anchor of
 //! the ratios.
 
-use super::anchor::{AnchorArgs, Row, check_python};
+use super::anchor::{AnchorArgs, Row, check_python, print_rows};
 use super::model::{parameter_count, random_model};
 use crate::cli::launch::{self, NprocPerNode};
 use anyhow::{Context, bail};
@@ -391,14 +391,7 @@ fn print_report(report: &Report, w: &Workload, peak_tflops: Option<f64>) {
         first.torch.threads,
         first.torch.torch,
     );
-    println!("{:<26} {:>10} {:>10} {:>7} {:>8}  met?", "metric", "kart", "torch", "ratio", "target");
-    for row in &report.rows {
-        let met = if row.met { "yes" } else { "no" };
-        println!(
-            "{:<26} {:>10.3} {:>10.3} {:>6.2}x {:>8}  {met}",
-            row.metric, row.kart, row.anchor, row.ratio, row.target
-        );
-    }
+    print_rows(&report.rows, "torch");
     for pair in &report.pairs {
         let rate = |r: &Run| report.tokens as f64 / r.seconds();
         let (kart, torch) = (rate(&pair.kart), rate(&pair.torch));
