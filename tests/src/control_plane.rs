@@ -85,8 +85,10 @@ impl ControlPlane {
         Ok(serde_json::from_str(&self.run_kubectl(&args)?)?)
     }
 
-    /// Applies crds/ and waits until kart's CRDs are established; fails on a warning of the API
-    /// server about them (an unknown `format`, for one).
+    /// Applies crds/ and waits until kart's CRDs are established and in the API server's OpenAPI
+    /// document (which `kubectl apply` fetches to validate, and which the server rebuilds after a
+    /// CRD change: on a loaded machine that first build outlasts kubectl's 32 s timeout); fails on
+    /// a warning of the API server about them (an unknown `format`, for one).
     pub fn install_crds(&self) -> anyhow::Result<()> {
         let crds = repo_root().join("crds/kart.dev_crds.yaml");
         let output = self.kubectl().args(["apply", "--server-side", "-f"]).arg(&crds).output()?;
@@ -95,8 +97,18 @@ impl ControlPlane {
             bail!("applying the CRDs: {stderr}");
         }
         let crds = ["crd/retrievers.kart.dev", "crd/rolloutpools.kart.dev", "crd/trainingjobs.kart.dev"];
-        self.run_kubectl(&[&["wait", "--for=condition=Established", "--timeout=60s"], &crds[..]].concat())
-            .map(drop)
+        self.run_kubectl(&[&["wait", "--for=condition=Established", "--timeout=60s"], &crds[..]].concat())?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        loop {
+            let spec = self.run_kubectl(&["get", "--raw", "/openapi/v2", "--request-timeout=120s"]);
+            match spec {
+                Ok(spec) if spec.contains("dev.kart.v1alpha1.TrainingJob") => return Ok(()),
+                _ if std::time::Instant::now() > deadline => {
+                    bail!("kart's CRDs are not in the OpenAPI document after 180 s: {spec:?}")
+                }
+                _ => std::thread::sleep(std::time::Duration::from_millis(200)),
+            }
+        }
     }
 
     /// The file of component `name`'s log (`etcd`, `kube-apiserver`, …).
