@@ -30,7 +30,7 @@ Usage: sglang.py MODEL_DIR PORT [--record FILE] [--fail-updates N] [--token-seco
                    [--save DIR] [--group-timeout S]
   --record FILE      append each accepted update to FILE as a JSON line (from disk: {model_path,
                      weight_version, abort_all_requests}; broadcast: {group_name, names,
-                     weight_version, abort_all_requests}; a group joined: {joined: group_name,
+                     weight_version, abort_all_requests}; a group joined: {joined: group_name, master_address,
                      ranks}), and each aborted request as {aborted: tokens generated}
   --fail-updates N   answer the first N updates with a failure (an unreadable folder, a
                      broadcast not joined)
@@ -200,7 +200,7 @@ def control_op(path: str, body: dict) -> tuple[int, dict]:
         if ok:
             ranks = [body["rank_offset"] + i for i in range(args.tp)]
             record({"joined": body["group_name"], "ranks": ranks, "world_size": body["world_size"],
-                    "master_port": body["master_port"]})
+                    "master_address": body["master_address"], "master_port": body["master_port"]})
     elif path == "/destroy_weights_update_group":
         ok, message = on_workers("destroy", body)
     else:

@@ -352,7 +352,11 @@ fn broadcast_brings_every_worker_the_trainers_weights_bit_for_bit() {
     let two_workers = Replica { tp: 2, ..Replica::default() };
     let setup = Setup::with("kart-sglang-broadcast", Replica::default(), two_workers);
     let port = free_port();
-    let (succeeded, log) = setup.train(|config| config["weight_sync"] = broadcast(&setup, port));
+    let (succeeded, log) = setup.train(|config| {
+        config["weight_sync"] = broadcast(&setup, port);
+        config["weight_sync"]["master_address"] = json!("localhost");
+        config["rollout"]["interruptible"] = json!(true);
+    });
     assert!(succeeded, "{log}");
     let dir = &setup.dir;
     let trained = tensors(&dir.join("out/model/model.safetensors"));
@@ -366,10 +370,18 @@ fn broadcast_brings_every_worker_the_trainers_weights_bit_for_bit() {
     assert_eq!(a_joined[0]["joined"], b_joined[0]["joined"], "one group");
     assert_eq!((&a_joined[0]["ranks"], &b_joined[0]["ranks"]), (&json!([1]), &json!([2, 3])));
     assert_eq!((&a_joined[0]["world_size"], &a_joined[0]["master_port"]), (&json!(4), &json!(port)));
+    assert_eq!(a_joined[0]["master_address"], "localhost");
     let expected: Vec<String> = (0..=STEPS).map(|v| v.to_string()).collect();
     for record in [&setup.a.2, &setup.b.2] {
         assert!(buckets(record).len() as u64 > 2 * (STEPS + 1), "several buckets per version");
         assert_eq!(versions_received(record, &names), expected);
+        // With `rollout.interruptible`, each version's first bucket aborts the requests in flight.
+        let updates: Vec<Value> = entries(record).into_iter().filter(|e| e.get("names").is_some()).collect();
+        let mut first = true;
+        for update in &updates {
+            assert_eq!(update["abort_all_requests"], first, "{update}");
+            first = update["weight_version"].is_string();
+        }
     }
     // What each worker holds after the last version is what the trainer saved, bit for bit.
     for (replica, worker) in [("a", 0), ("b", 0), ("b", 1)] {

@@ -78,10 +78,13 @@ struct Report {
     disk_secs: f64,
     pull_secs: f64,
     broadcast_secs: f64,
-    /// Seconds one more bucket costs a broadcast (its HTTP round trips), from 4 MiB buckets.
-    per_bucket_secs: f64,
-    projected_7b_nvlink_secs: f64,
-    projected_7b_ib_secs: f64,
+    /// The broadcast's backend (`gloo`, `nccl`).
+    backend: &'static str,
+    /// Seconds one more bucket costs a broadcast (its HTTP round trips), from 4 MiB buckets;
+    /// `None` when the model fits one such bucket too (`--quick`), and with it the projections.
+    per_bucket_secs: Option<f64>,
+    projected_7b_nvlink_secs: Option<f64>,
+    projected_7b_ib_secs: Option<f64>,
     rows: Vec<Row>,
 }
 
@@ -178,14 +181,15 @@ async fn measure(
     let (broadcast_median, extra_buckets) =
         (median(broadcast_secs.into_iter()), buckets(4.0) - buckets(args.bucket_mb));
     let per_bucket_secs =
-        if extra_buckets > 0.0 { ((small_secs - broadcast_median) / extra_buckets).max(0.0) } else { 0.0 };
+        (extra_buckets > 0.0).then(|| ((small_secs - broadcast_median) / extra_buckets).max(0.0));
 
     let pull_secs = pull(policy, tokenizer, model_dir, dir, urls_count, repeats).await?;
 
     let disk_secs = median(disk_secs.into_iter());
     let bytes_7b = PARAMS_7B * 2.0;
     let buckets_7b = (bytes_7b / (args.bucket_mb * (1 << 20) as f64)).ceil();
-    let project = |gbps: f64| bytes_7b / (gbps * 1e9) + buckets_7b * per_bucket_secs;
+    let project =
+        |gbps: f64| per_bucket_secs.map(|per_bucket| bytes_7b / (gbps * 1e9) + buckets_7b * per_bucket);
     let rows = vec![
         Row::at_most("http_pull seconds".into(), pull_secs, disk_secs, 1.0),
         Row::at_most("sglang_broadcast seconds".into(), broadcast_median, disk_secs, 1.0),
@@ -197,6 +201,7 @@ async fn measure(
         disk_secs,
         pull_secs,
         broadcast_secs: broadcast_median,
+        backend: if policy.device().is_cuda() { "nccl" } else { "gloo" },
         per_bucket_secs,
         projected_7b_nvlink_secs: project(args.nvlink_gbps),
         projected_7b_ib_secs: project(args.ib_gbps),
@@ -309,17 +314,24 @@ fn print_report(r: &Report, args: &Args) {
     );
     print_rows(&r.rows, "sglang_disk");
     println!(
-        "broadcast: {:.1} MB/s over Gloo on this machine; one more bucket costs {:.1} ms",
+        "broadcast: {:.1} MB/s over {} on this machine",
         r.bytes as f64 / r.broadcast_secs / 1e6,
-        r.per_bucket_secs * 1e3
+        r.backend
     );
+    let (Some(per_bucket), Some(nvlink), Some(ib)) =
+        (r.per_bucket_secs, r.projected_7b_nvlink_secs, r.projected_7b_ib_secs)
+    else {
+        println!(
+            "no 7B projection: the model fits one 4 MiB bucket, so the cost of a bucket is not measured"
+        );
+        return;
+    };
+    println!("one more bucket costs {:.1} ms", per_bucket * 1e3);
     println!(
-        "projected publish of a 7B model (bf16, {:.1} GB, {:.0} MiB buckets): {:.2} s over NVLink at {} GB/s, {:.2} s over InfiniBand at {} GB/s",
+        "projected publish of a 7B model (bf16, {:.1} GB, {:.0} MiB buckets): {nvlink:.2} s over NVLink at {} GB/s, {ib:.2} s over InfiniBand at {} GB/s",
         PARAMS_7B * 2.0 / 1e9,
         args.bucket_mb,
-        r.projected_7b_nvlink_secs,
         args.nvlink_gbps,
-        r.projected_7b_ib_secs,
         args.ib_gbps
     );
 }
