@@ -17,7 +17,9 @@
 #      With 2 GPUs or more and the `sglang` package installed, a real SGLang server on GPU 1
 #      serving the benchmark model, and the trainer's tensors on GPU 0 broadcast to its worker
 #      over NCCL (`/init_weights_update_group`, `/update_weights_from_distributed`), against a
-#      reload from disk.
+#      reload from disk. With 2 GPUs or more and the `vllm` package, a real vLLM server on GPU 1
+#      (`VLLM_SERVER_DEV_MODE=1`, weight-transfer backend nccl) takes the same tensors from GPU 0
+#      through kart's NCCL communicator (`/init_weight_transfer_engine`, `/update_weights`).
 #
 # PEAK_TFLOPS sets the card's dense f32 peak for MFU (guessed for H100, H200, A100 and L40S).
 set -euo pipefail
@@ -65,18 +67,32 @@ SYNC="$(mktemp -d)"
 trap 'rm -rf "$SYNC"' EXIT
 "$KART" bench sync --model-dir "$SYNC/model"
 PY="${KART_VENV:-.venv}/bin/python"
-if [ "$GPUS" -gt 1 ] && "$PY" -c 'import sglang' 2>/dev/null; then
-  echo "== kart bench sync --device cuda: a real SGLang server on GPU 1, NCCL from GPU 0"
-  CUDA_VISIBLE_DEVICES=1 "$PY" -m sglang.launch_server --model-path "$SYNC/model" --port 30123 \
-    --mem-fraction-static 0.5 >"$SYNC/sglang.log" 2>&1 &
-  SERVER=$!
-  for _ in $(seq 300); do
-    curl -sf http://127.0.0.1:30123/health >/dev/null && break
-    kill -0 "$SERVER" 2>/dev/null || { cat "$SYNC/sglang.log"; exit 1; }
+# Starts `$@` (a server of $SYNC/model on GPU 1, logging to $SYNC/$NAME.log), waits until
+# port $PORT answers /health, runs `kart bench sync --device cuda $BENCH_ARGS`, stops it.
+bench_against() {
+  CUDA_VISIBLE_DEVICES=1 "$@" >"$SYNC/$NAME.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+    kill -0 "$server" 2>/dev/null || { cat "$SYNC/$NAME.log"; exit 1; }
     sleep 1
   done
-  "$KART" bench sync --device cuda --model-dir "$SYNC/model" --urls http://127.0.0.1:30123 --replicas 1
-  kill "$SERVER"
+  "$KART" bench sync --device cuda --model-dir "$SYNC/model" --replicas 1 $BENCH_ARGS
+  kill "$server"
+}
+if [ "$GPUS" -gt 1 ] && "$PY" -c 'import sglang' 2>/dev/null; then
+  echo "== kart bench sync --device cuda: a real SGLang server on GPU 1, NCCL from GPU 0"
+  NAME=sglang PORT=30123 BENCH_ARGS="--urls http://127.0.0.1:30123" bench_against \
+    "$PY" -m sglang.launch_server --model-path "$SYNC/model" --port 30123 --mem-fraction-static 0.5
 else
   echo "(no NCCL broadcast to SGLang: it needs 2 GPUs and the sglang package in $PY)"
+fi
+if [ "$GPUS" -gt 1 ] && "$PY" -c 'import vllm' 2>/dev/null; then
+  echo "== kart bench sync --device cuda: a real vLLM server on GPU 1, NCCL from GPU 0"
+  NAME=vllm PORT=30124 BENCH_ARGS="--vllm-urls http://127.0.0.1:30124" bench_against \
+    env VLLM_SERVER_DEV_MODE=1 "$PY" -m vllm.entrypoints.openai.api_server --model "$SYNC/model" \
+    --port 30124 --gpu-memory-utilization 0.5 --enforce-eager \
+    --weight-transfer-config '{"backend": "nccl"}'
+else
+  echo "(no NCCL broadcast to vLLM: it needs 2 GPUs and the vllm package in $PY)"
 fi

@@ -29,7 +29,8 @@ fn main() {
         .file("shim/runtime.cpp")
         .file("shim/autograd.cpp")
         .file("shim/c10d.cpp")
-        .file("shim/memory.cpp");
+        .file("shim/memory.cpp")
+        .file("shim/nccl.cpp");
     let cuda = lib.join("libtorch_cuda.so").exists().then(|| cuda_headers(torch)).flatten();
     if let Some(dirs) = &cuda {
         build.define("KART_CUDA", None).define("USE_C10D_NCCL", None).includes(dirs);
@@ -56,6 +57,7 @@ fn main() {
         "shim/autograd.cpp",
         "shim/c10d.cpp",
         "shim/memory.cpp",
+        "shim/nccl.cpp",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -218,7 +218,7 @@ async fn a_failed_request_is_counted_by_its_reason_and_retried_after_a_growing_b
 }
 
 #[tokio::test]
-async fn a_training_job_on_a_vllm_pool_is_refused_naming_the_reference() {
+async fn a_training_job_pulling_weights_into_a_vllm_pool_is_refused_naming_the_weight_sync() {
     let (ctx, mut api) = context();
     let tj: TrainingJob = resource(
         "TrainingJob",
@@ -246,7 +246,10 @@ async fn a_training_job_on_a_vllm_pool_is_refused_naming_the_reference() {
     let condition = &status["status"]["conditions"][0];
     assert_eq!(condition["type"], "ValidationFailed");
     let message = condition["message"].as_str().unwrap();
-    assert!(message.starts_with("spec.rolloutPoolRef = pool: the pool's engine is vLLM"), "{message}");
+    assert_eq!(
+        message,
+        "spec.config.weight_sync.kind = http_pull: RolloutPool pool runs the vLLM engine: use vllm_broadcast"
+    );
     let event =
         expect(&mut api, Method::POST, "/apis/events.k8s.io/v1/namespaces/ml/events", false, 201, echo).await;
     assert_eq!(event["type"], "Warning");

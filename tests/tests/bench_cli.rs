@@ -1,4 +1,4 @@
-//! `kart bench` as a developer runs it: quick runs of the model, train and rollout benchmarks
+//! `kart bench` as a developer runs it: quick runs of the model, train, rollout and sync benchmarks
 //! report their figures, and a missing anchor environment is reported with the way to install it.
 
 use kart_tests::{binary, repo_root};
@@ -120,6 +120,20 @@ fn missing_anchor_python_says_how_to_install_it() {
         stderr.contains("/nonexistent/bin/python") && stderr.contains("bash scripts/setup.sh"),
         "{stderr}"
     );
+}
+
+#[test]
+fn quick_sync_bench_times_every_method_against_disk() {
+    let Some(python) = anchor_python() else { return };
+    let (stdout, report) = quick_bench(&python, &["sync"]);
+    let rows = report["rows"].as_array().unwrap();
+    let metrics: Vec<&str> = rows.iter().map(|row| row["metric"].as_str().unwrap()).collect();
+    assert_eq!(metrics, ["http_pull seconds", "sglang_broadcast seconds", "vllm_broadcast seconds"]);
+    for key in ["disk_secs", "pull_secs", "broadcast_secs", "vllm_broadcast_secs"] {
+        assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
+    }
+    assert_eq!((report["replicas"].as_i64(), report["backend"].as_str()), (Some(2), Some("gloo")));
+    assert!(stdout.contains("vllm_broadcast: ") && stdout.contains("MB/s over gloo"), "{stdout}");
 }
 
 #[test]

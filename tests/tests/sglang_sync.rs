@@ -11,7 +11,11 @@
 //!   for bit the trainer's weights; a server restarted mid-run joins a new group and catches up;
 //!   a server that keeps failing fails the run;
 //! - `http_pull` through SGLang workers, which would leave the servers on their first weights,
-//!   fails at the first publish.
+//!   fails at the first publish;
+//! - `vllm_broadcast`, against two stand-in vLLM servers (`scripts/standins/vllm.py`, vLLM's RL
+//!   routes): every version is sent between a pause and a resume, each tensor broadcast to the
+//!   workers over Gloo, bit for bit the trainer's weights, the version finishing the update and
+//!   read back by the worker for its tokens; a server that keeps failing fails the run.
 
 use kart_tests::{Child, binary, capitals_retriever, capitals_train_config, free_port, fresh_dir, python};
 use kart_tests::{eventually, repo_root, rollout_worker, shared_dir, step_records, wait_ready};
@@ -22,12 +26,19 @@ use std::time::Duration;
 
 const STEPS: u64 = 3;
 
-/// How a stand-in SGLang server behaves.
+/// Which stand-in serves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Server {
+    Sglang,
+    Vllm,
+}
+
+/// How a stand-in server behaves.
 #[derive(Clone, Copy, Default)]
 struct Replica {
     /// Updates answered with a failure first.
     fail_updates: u32,
-    /// Seconds per generated token.
+    /// Seconds per generated token (SGLang).
     token_seconds: f64,
     /// Tensor-parallel workers (0: one).
     tp: usize,
@@ -37,18 +48,34 @@ struct Replica {
 /// records accepted updates in; its workers write the weights they receive under
 /// `dir/received-{name}`.
 fn sglang_on(dir: &Path, name: &str, port: u16, replica: Replica) -> (Child, String, PathBuf) {
+    server_on(Server::Sglang, dir, name, port, replica)
+}
+
+/// A stand-in `server` as [`sglang_on`] starts one.
+fn server_on(
+    server: Server,
+    dir: &Path,
+    name: &str,
+    port: u16,
+    replica: Replica,
+) -> (Child, String, PathBuf) {
     let record = dir.join(format!("{name}.jsonl"));
     let received = dir.join(format!("received-{name}"));
     std::fs::create_dir_all(&received).unwrap();
-    let mut child = Child(
-        Command::new(python())
+    let mut command = Command::new(python());
+    match server {
+        Server::Sglang => command
             .arg(repo_root().join("scripts/standins/sglang.py"))
+            .args(["--token-seconds", &replica.token_seconds.to_string()]),
+        Server::Vllm => command.arg(repo_root().join("scripts/standins/vllm.py")),
+    };
+    let mut child = Child(
+        command
             .arg(shared_dir().join("fixtures/models/tiny-qwen2"))
             .arg(port.to_string())
             .arg("--record")
             .arg(&record)
             .args(["--fail-updates", &replica.fail_updates.to_string()])
-            .args(["--token-seconds", &replica.token_seconds.to_string()])
             .args(["--tp", &replica.tp.max(1).to_string()])
             .arg("--save")
             .arg(&received)
@@ -85,10 +112,19 @@ impl Setup {
     }
 
     fn with(tag: &str, a: Replica, b: Replica) -> Setup {
+        Setup::serving(Server::Sglang, tag, a, b)
+    }
+
+    /// Servers `a` and `b` of the `server` kind.
+    fn serving(server: Server, tag: &str, a: Replica, b: Replica) -> Setup {
         let dir = fresh_dir(tag);
         let (retriever, retriever_url) = capitals_retriever(&dir);
-        let (a, b) = (sglang_on(&dir, "a", free_port(), a), sglang_on(&dir, "b", free_port(), b));
-        let engine = json!({"kind": "sglang", "urls": [a.1, b.1]});
+        let a = server_on(server, &dir, "a", free_port(), a);
+        let b = server_on(server, &dir, "b", free_port(), b);
+        let engine = match server {
+            Server::Sglang => json!({"kind": "sglang", "urls": [a.1, b.1]}),
+            Server::Vllm => json!({"kind": "vllm", "urls": [a.1, b.1], "model": "tiny-qwen2"}),
+        };
         let (worker, url) = rollout_worker(&dir, engine, &retriever_url);
         Setup { dir, a, b, _retriever: retriever, _worker: worker, worker: url }
     }
@@ -421,13 +457,92 @@ fn a_replica_restarted_mid_run_joins_a_new_group_and_catches_up() {
     std::fs::remove_dir_all(&setup.dir).unwrap();
 }
 
-#[test]
-fn a_replica_that_keeps_failing_its_broadcasts_fails_the_run() {
-    let setup = Setup::start("kart-sglang-broadcast-failing", 100);
-    let (succeeded, log) = setup.train(|config| config["weight_sync"] = broadcast(&setup, free_port()));
+/// A run whose replica `b` fails every update under `sync`, retried with a new group each time
+/// (after the broadcast's `timeout_secs`), fails naming `b`, before any step.
+fn fails_on_b(setup: &Setup, mut sync: Value) {
+    sync["timeout_secs"] = json!(3);
+    let (succeeded, log) = setup.train(|config| config["weight_sync"] = sync);
     assert!(!succeeded, "the run went on with a replica on other weights: {log}");
     assert!(log.contains("broadcasting weights failed; forming the group again"), "{log}");
     assert!(log.contains(setup.b.1.as_str()) && log.contains("injected failure"), "{log}");
+    // Each attempt ends its broadcast (at `timeout_secs`) before the next serves the same port.
+    assert!(!log.contains("address already in use"), "{log}");
     assert!(step_records(&setup.dir.join("out")).is_empty(), "no step trained");
     std::fs::remove_dir_all(&setup.dir).unwrap();
+}
+
+#[test]
+fn a_replica_that_keeps_failing_its_broadcasts_fails_the_run() {
+    let setup = Setup::start("kart-sglang-broadcast-failing", 100);
+    fails_on_b(&setup, broadcast(&setup, free_port()));
+}
+
+/// `vllm_broadcast` to both servers of `setup`, as [`broadcast`].
+fn vllm_broadcast(setup: &Setup, port: u16) -> Value {
+    json!({"kind": "vllm_broadcast", "urls": [setup.a.1, setup.b.1], "master_port": port,
+           "bucket_mb": 0.1, "timeout_secs": 20})
+}
+
+#[test]
+fn vllm_broadcast_brings_every_worker_the_trainers_weights_bit_for_bit() {
+    let two_workers = Replica { tp: 2, ..Replica::default() };
+    let setup = Setup::serving(Server::Vllm, "kart-vllm-broadcast", Replica::default(), two_workers);
+    let port = free_port();
+    let (succeeded, log) = setup.train(|config| config["weight_sync"] = vllm_broadcast(&setup, port));
+    assert!(succeeded, "{log}");
+    let dir = &setup.dir;
+    let trained = tensors(&dir.join("out/model/model.safetensors"));
+    let names: Vec<String> = trained.keys().cloned().collect();
+    let calls = |record: &Path| entries(record);
+    let (a, b) = (calls(&setup.a.2), calls(&setup.b.2));
+    // One communicator: the trainer rank 0, a's worker rank 1, b's two workers ranks 2 and 3.
+    let init = |calls: &[Value]| calls.iter().find(|c| c["call"] == "init").cloned().unwrap();
+    let (a_init, b_init) = (init(&a), init(&b));
+    assert_eq!((&a_init["rank_offset"], &b_init["rank_offset"]), (&json!(1), &json!(2)));
+    assert_eq!((&a_init["world_size"], &a_init["master_port"]), (&json!(4), &json!(port)));
+    for calls in [&a, &b] {
+        assert_eq!(calls.iter().filter(|c| c["call"] == "init").count(), 1, "{calls:?}");
+        // Each version: paused once the requests finished, opened, every tensor once in several
+        // buckets, finished with the version, resumed.
+        let mut versions = Vec::new();
+        let mut rest = calls.iter().skip_while(|c| c["call"] != "pause");
+        while let Some(pause) = rest.next() {
+            assert_eq!(pause["mode"], "wait");
+            assert_eq!(rest.next().unwrap()["call"], "start");
+            let mut sent: Vec<String> = Vec::new();
+            let mut buckets = 0;
+            let finish = loop {
+                let call = rest.next().unwrap();
+                if call["call"] != "update" {
+                    break call;
+                }
+                buckets += 1;
+                sent.extend(
+                    call["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()),
+                );
+            };
+            sent.sort();
+            assert_eq!(sent, names, "every tensor once");
+            assert!(buckets > 2, "several buckets per version");
+            assert_eq!(finish["call"], "finish");
+            versions.push(finish["weight_version"].as_str().unwrap().to_string());
+            assert_eq!(rest.next().unwrap()["call"], "resume");
+        }
+        assert_eq!(versions, (0..=STEPS).map(|v| v.to_string()).collect::<Vec<_>>());
+    }
+    for (replica, worker) in [("a", 0), ("b", 0), ("b", 1)] {
+        let file = dir.join(format!("received-{replica}/v{STEPS}-tp{worker}.safetensors"));
+        assert!(tensors(&file) == trained, "{} differs from the trained weights", file.display());
+    }
+    for record in step_records(&dir.join("out")) {
+        assert_eq!(record["staleness/max"], 0.0, "tokens carry the version /weight_info reports: {record}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_vllm_replica_that_keeps_failing_its_updates_fails_the_run() {
+    let failing = Replica { fail_updates: 100, ..Replica::default() };
+    let setup = Setup::serving(Server::Vllm, "kart-vllm-broadcast-failing", Replica::default(), failing);
+    fails_on_b(&setup, vllm_broadcast(&setup, free_port()));
 }

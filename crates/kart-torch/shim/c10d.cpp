@@ -61,6 +61,10 @@ kart_store* kart_store_prefix(kart_store* store, const char* prefix) {
   return new kart_store{c10::make_intrusive<c10d::PrefixStore>(prefix, store->store)};
 }
 
+char* kart_store_set(kart_store* store, const char* key, const uint8_t* data, size_t len) {
+  return kart::guarded([&] { store->store->set(key, std::vector<uint8_t>(data, data + len)); });
+}
+
 void kart_store_free(kart_store* store) { delete store; }
 
 kart_store* kart_store_share(kart_store* store) { return new kart_store{store->store}; }

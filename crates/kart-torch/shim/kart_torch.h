@@ -14,6 +14,7 @@ extern "C" {
 typedef struct kart_store kart_store;
 typedef struct kart_group kart_group;
 typedef struct kart_work kart_work;
+typedef struct kart_nccl kart_nccl;
 // An at::Tensor*, as tch's torch-sys hands them out.
 typedef void* kart_tensor;
 
@@ -40,6 +41,8 @@ char* kart_store_tcp(const char* host, uint16_t port, bool is_server, int world_
                      bool wait_workers, int64_t timeout_ms, kart_store** out, uint16_t* bound_port);
 /* The store's keys under `prefix` (c10d's PrefixStore: "prefix/key"). */
 kart_store* kart_store_prefix(kart_store* store, const char* prefix);
+/* Sets `key` to `len` bytes of `data`. */
+char* kart_store_set(kart_store* store, const char* key, const uint8_t* data, size_t len);
 void kart_store_free(kart_store* store);
 /* Another handle on the same store. */
 kart_store* kart_store_share(kart_store* store);
@@ -64,6 +67,16 @@ char* kart_reduce_scatter(kart_group* group, kart_tensor output, kart_tensor inp
 char* kart_barrier(kart_group* group, kart_work** out);
 char* kart_work_wait(kart_work* work, int64_t timeout_ms);
 void kart_work_free(kart_work* work);
+
+// A bare NCCL communicator (vLLM's PyNcclCommunicator's kind): rank 0 draws the unique id (`len`
+// must be NCCL's 128 bytes), every rank opens the communicator on CUDA device `device` with it
+// and takes part in a warm-up all-reduce of one float; broadcasts use the current CUDA stream.
+// Each call gives up after timeout_ms.
+char* kart_nccl_unique_id(uint8_t* out, size_t len);
+char* kart_nccl_init(const uint8_t* id, size_t len, int world_size, int rank, int device,
+                     int64_t timeout_ms, kart_nccl** out);
+char* kart_nccl_broadcast(kart_nccl* nccl, kart_tensor tensor, int root);
+void kart_nccl_free(kart_nccl* nccl);
 
 #ifdef __cplusplus
 }

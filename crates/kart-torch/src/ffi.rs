@@ -14,6 +14,10 @@ pub struct KartGroup {
 pub struct KartWork {
     _private: [u8; 0],
 }
+#[repr(C)]
+pub struct KartNccl {
+    _private: [u8; 0],
+}
 
 unsafe extern "C" {
     pub fn kart_torch_free_string(s: *mut c_char);
@@ -42,6 +46,12 @@ unsafe extern "C" {
         bound_port: *mut u16,
     ) -> *mut c_char;
     pub fn kart_store_prefix(store: *mut KartStore, prefix: *const c_char) -> *mut KartStore;
+    pub fn kart_store_set(
+        store: *mut KartStore,
+        key: *const c_char,
+        data: *const u8,
+        len: usize,
+    ) -> *mut c_char;
     pub fn kart_store_free(store: *mut KartStore);
     pub fn kart_store_share(store: *mut KartStore) -> *mut KartStore;
     pub fn kart_group_gloo(
@@ -89,6 +99,19 @@ unsafe extern "C" {
     pub fn kart_barrier(group: *mut KartGroup, out: *mut *mut KartWork) -> *mut c_char;
     pub fn kart_work_wait(work: *mut KartWork, timeout_ms: i64) -> *mut c_char;
     pub fn kart_work_free(work: *mut KartWork);
+
+    pub fn kart_nccl_unique_id(out: *mut u8, len: usize) -> *mut c_char;
+    pub fn kart_nccl_init(
+        id: *const u8,
+        len: usize,
+        world_size: c_int,
+        rank: c_int,
+        device: c_int,
+        timeout_ms: i64,
+        out: *mut *mut KartNccl,
+    ) -> *mut c_char;
+    pub fn kart_nccl_broadcast(nccl: *mut KartNccl, tensor: *mut c_void, root: c_int) -> *mut c_char;
+    pub fn kart_nccl_free(nccl: *mut KartNccl);
 }
 
 /// The shim's error (`NULL` is success), released.

@@ -95,12 +95,26 @@ impl ProcessGroup {
         ProcessGroup::open(store, ranks.rank, ranks.world_size, device, timeout)
     }
 
-    /// Serves, as rank 0 of `world_size`, a group that other programs join by `name`, the way
-    /// `torch.distributed` forms one from a `tcp://host:port` init method and a group name
-    /// (SGLang's and verl's `init_custom_process_group`): the store on `host:port` (0: a free
-    /// port), its keys under `name`, then `name/` and the backend's device type, as
-    /// `_new_process_group_helper` prefixes them. The group opens with
-    /// [`NamedGroup::open`], once the others are told the port.
+    /// Serves, as rank 0 of `world_size`, a store other programs join at `host:port` (0: a free
+    /// port) to form a group with this process; it does not wait for them.
+    pub fn serve(
+        host: &str,
+        port: u16,
+        world_size: usize,
+        device: Device,
+        timeout: Duration,
+    ) -> Result<ServedStore, DistError> {
+        let (store, port) = Store::tcp(host, port, true, world_size, false, timeout).map_err(|message| {
+            DistError::Rendezvous { addr: host.into(), port, rank: 0, world_size, timeout, message }
+        })?;
+        Ok(ServedStore { store, port, world_size, device, timeout })
+    }
+
+    /// Serves a group that other programs join by `name`, the way `torch.distributed` forms one
+    /// from a `tcp://host:port` init method and a group name (SGLang's and verl's
+    /// `init_custom_process_group`): the store of [`ProcessGroup::serve`], its keys under `name`,
+    /// then `name/` and the backend's device type, as `_new_process_group_helper` prefixes them.
+    /// The group opens with [`ServedStore::open`], once the others are told the port.
     pub fn serve_named(
         host: &str,
         port: u16,
@@ -108,21 +122,13 @@ impl ProcessGroup {
         name: &str,
         device: Device,
         timeout: Duration,
-    ) -> Result<NamedGroup, DistError> {
-        let (store, port) = Store::tcp(host, port, true, world_size, false, timeout).map_err(|message| {
-            DistError::Rendezvous { addr: host.into(), port, rank: 0, world_size, timeout, message }
-        })?;
+    ) -> Result<ServedStore, DistError> {
         let device_type = if device.is_cuda() { "cuda" } else { "cpu" };
-        let store = [name.to_string(), format!("{name}/"), format!("{device_type}/")]
+        [name.to_string(), format!("{name}/"), format!("{device_type}/")]
             .iter()
-            .try_fold(store, |store, prefix| store.prefixed(prefix))
-            .map_err(|message| DistError::Group {
-                backend: Backend::for_device(device),
-                rank: 0,
-                world_size,
-                message,
-            })?;
-        Ok(NamedGroup { store, port, world_size, device, timeout })
+            .try_fold(ProcessGroup::serve(host, port, world_size, device, timeout)?, |served, prefix| {
+                served.prefixed(prefix)
+            })
     }
 
     /// Opens the backend for `device`'s tensors over `store`; every rank waits (at most
@@ -332,8 +338,10 @@ impl Drop for Store {
     }
 }
 
-/// A group served by [`ProcessGroup::serve_named`], before its other ranks joined.
-pub struct NamedGroup {
+/// A store served by [`ProcessGroup::serve`], before the other ranks joined: what they join
+/// through it is opened from here ([`ServedStore::open`], or
+/// [`NcclCommunicator::open`](crate::NcclCommunicator::open)).
+pub struct ServedStore {
     store: Store,
     port: u16,
     world_size: usize,
@@ -341,13 +349,57 @@ pub struct NamedGroup {
     timeout: Duration,
 }
 
-impl NamedGroup {
+impl ServedStore {
     /// The port the store listens on: what the other ranks are told.
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// Opens the group as rank 0 once the other ranks join (at most the timeout).
+    /// The ranks, this one included.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The device of the tensors the group moves.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// How long to wait for the others, at the rendezvous and at each collective.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The same store with its keys under `prefix` (c10d's `PrefixStore`).
+    pub fn prefixed(self, prefix: &str) -> Result<ServedStore, DistError> {
+        let (world_size, device) = (self.world_size, self.device);
+        let store = self.store.prefixed(prefix).map_err(|message| DistError::Group {
+            backend: Backend::for_device(device),
+            rank: 0,
+            world_size,
+            message,
+        })?;
+        Ok(ServedStore { store, ..self })
+    }
+
+    /// Sets `key` to `value` in the store.
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<(), DistError> {
+        let rendezvous = |message: String| DistError::Rendezvous {
+            addr: "the served store".into(),
+            port: self.port,
+            rank: 0,
+            world_size: self.world_size,
+            timeout: self.timeout,
+            message,
+        };
+        let key = CString::new(key).map_err(|e| rendezvous(e.to_string()))?;
+        // SAFETY: the store is live; the shim copies the bytes.
+        ffi::check(unsafe { ffi::kart_store_set(self.store.0, key.as_ptr(), value.as_ptr(), value.len()) })
+            .map_err(rendezvous)
+    }
+
+    /// Opens a c10d group of the backend for the device's tensors, as rank 0, once the other
+    /// ranks join (at most the timeout).
     pub fn open(self) -> Result<ProcessGroup, DistError> {
         ProcessGroup::open(self.store, 0, self.world_size, self.device, self.timeout)
     }
@@ -381,7 +433,7 @@ impl Drop for Work<'_> {
     }
 }
 
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 

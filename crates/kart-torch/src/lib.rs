@@ -7,7 +7,8 @@
 //! - [`grad`]: dropping a tensor's gradient, which tch can only zero;
 //! - [`memory`]: the peak memory of a CUDA device's tensors;
 //! - [`group`]: c10d process groups over a `TCPStore` rendezvous, and the collectives training
-//!   needs (all-reduce, broadcast, all-gather, reduce-scatter, barrier), with timeouts.
+//!   needs (all-reduce, broadcast, all-gather, reduce-scatter, barrier), with timeouts;
+//! - [`nccl`]: a bare NCCL communicator opened as vLLM's weight-transfer engine opens one.
 //!
 //! The C++ side is a small shim in `shim/`, compiled against the headers and libraries of the
 //! torch that torch-sys links; c10d errors come back as Rust errors, never as an abort.
@@ -17,10 +18,12 @@ mod ffi;
 pub mod grad;
 pub mod group;
 pub mod memory;
+pub mod nccl;
 pub mod ranks;
 pub mod runtime;
 
 pub use device::{DeviceError, auto, choose};
-pub use group::{Backend, DistError, NamedGroup, ProcessGroup, ReduceOp, Work};
+pub use group::{Backend, DistError, ProcessGroup, ReduceOp, ServedStore, Work};
+pub use nccl::NcclCommunicator;
 pub use ranks::{Ranks, RanksError};
 pub use runtime::Runtime;

@@ -1,12 +1,14 @@
-//! Replicas left behind between publishes: a task asks every SGLang replica for its
+//! Replicas left behind between publishes: a task asks every SGLang or vLLM replica for its
 //! `weight_version` every [`INTERVAL`], sets each one's lag behind the published version
 //! (`kart_trainer_replica_version_lag`), and names the replicas behind it (restarted, or started
 //! after the last publish), so that the trainer brings them to the published version at once
-//! rather than at its next publish. SGLang's `default` (the weights a server started with) counts
-//! as version 0.
+//! rather than at its next publish. A version that is not a number (SGLang's `default`, vLLM's
+//! `null`: the weights a server started with) counts as version 0.
 
 use crate::replicas;
+use kart_core::config::train::InferenceServer;
 use kart_rollout::engines::sglang::SglangEngine;
+use kart_rollout::engines::vllm::VllmEngine;
 use prometheus::GaugeVec;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -25,11 +27,12 @@ pub struct ReplicaWatch {
 }
 
 impl ReplicaWatch {
-    /// Watches the replicas behind `urls` (resolved at every look), setting `lag` by replica.
-    pub fn spawn(urls: Vec<String>, lag: GaugeVec) -> Self {
+    /// Watches the `server` replicas behind `urls` (resolved at every look), setting `lag` by
+    /// replica.
+    pub fn spawn(server: InferenceServer, urls: Vec<String>, lag: GaugeVec) -> Self {
         let published = Arc::new(AtomicI64::new(-1));
         let (tell, behind) = watch::channel(Vec::new());
-        let task = tokio::spawn(watch_replicas(urls, lag, published.clone(), tell));
+        let task = tokio::spawn(watch_replicas(server, urls, lag, published.clone(), tell));
         ReplicaWatch { published, behind, task }
     }
 
@@ -59,6 +62,7 @@ impl Drop for ReplicaWatch {
 }
 
 async fn watch_replicas(
+    server: InferenceServer,
     urls: Vec<String>,
     lag: GaugeVec,
     published: Arc<AtomicI64>,
@@ -74,11 +78,16 @@ async fn watch_replicas(
         let found = match replicas::resolve(&urls).await {
             Ok(found) => found,
             Err(error) => {
-                tracing::debug!(%error, "watching the SGLang replicas");
+                tracing::debug!(%error, server = server.name(), "watching the replicas");
                 continue;
             }
         };
-        let asks = found.iter().map(|r| async move { SglangEngine::new(r, INTERVAL).weight_version().await });
+        let asks = found.iter().map(|r| async move {
+            match server {
+                InferenceServer::Sglang => SglangEngine::new(r, INTERVAL).weight_version().await,
+                InferenceServer::Vllm => VllmEngine::control(r, INTERVAL).weight_version().await,
+            }
+        });
         let held = futures::future::join_all(asks).await;
         let mut behind = Vec::new();
         for (replica, held) in found.iter().zip(held) {
@@ -97,7 +106,7 @@ async fn watch_replicas(
         }
         known = current;
         if !behind.is_empty() {
-            tracing::info!(?behind, version, "SGLang replicas behind the published version");
+            tracing::info!(?behind, version, server = server.name(), "replicas behind the published version");
         }
         tell.send_replace(behind);
     }

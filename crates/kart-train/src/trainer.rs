@@ -349,8 +349,9 @@ impl Trainer {
 
     async fn run_inner(&mut self) -> Result<RunSummary, TrainError> {
         let total = self.config.total_steps;
-        if let Some(urls) = self.config.weight_sync.sglang_urls().filter(|_| self.remote) {
-            self.watch = Some(ReplicaWatch::spawn(urls.to_vec(), self.metrics.replica_version_lag.clone()));
+        if let Some((server, urls)) = self.config.weight_sync.servers().filter(|_| self.remote) {
+            let lag = self.metrics.replica_version_lag.clone();
+            self.watch = Some(ReplicaWatch::spawn(server, urls.to_vec(), lag));
         }
         if self.version > 0 || self.remote {
             self.publish().await?;
@@ -833,8 +834,12 @@ fn connect(
             master_port,
             bucket_mb,
             timeout_secs,
-        } => {
+        }
+        | WeightSync::VllmBroadcast { urls: servers, master_address, master_port, bucket_mb, timeout_secs } =>
+        {
+            let (server, _) = config.weight_sync.servers().expect("a broadcast updates servers");
             let broadcast = BroadcastConfig {
+                server,
                 urls: servers.clone(),
                 master_address: master_address.clone().unwrap_or(endpoints.serving.host),
                 master_port: *master_port,
@@ -850,7 +855,7 @@ fn connect(
                     retry_deadline,
                     endpoints.serving.token.as_ref(),
                 )),
-                Publisher::SglangBroadcast(Broadcaster::new(broadcast, device)),
+                Publisher::Broadcast(Broadcaster::new(broadcast, device)),
             )
         }
     })

@@ -23,6 +23,7 @@ use kart_model::save_pretrained;
 use crate::broadcast::Broadcaster;
 use crate::replicas::{self, ResolveError};
 use kart_core::config::retry::RetryPolicy;
+use kart_core::config::train::InferenceServer;
 use kart_core::engine::{EngineError, LoadWeightsError};
 use kart_core::wire::WeightSource;
 use kart_http::token::Token;
@@ -45,15 +46,15 @@ pub enum SyncError {
     /// The worker behind `url` runs an engine (SGLang, vLLM) that takes no weights through it:
     /// nothing would ever bring that engine to the trainer's weights.
     #[error(
-        "{url}: {reason}: weight_sync.kind = http_pull needs workers of the embedded engine (sglang_disk keeps SGLang servers on the trainer's weights)"
+        "{url}: {reason}: weight_sync.kind = http_pull needs workers of the embedded engine (sglang_disk or sglang_broadcast keeps SGLang servers on the trainer's weights, vllm_broadcast vLLM servers)"
     )]
     Rejected { url: String, reason: String },
     #[error("embedded engine: {0}")]
     Engine(#[from] LoadWeightsError),
     #[error("finding the inference replicas: {0}")]
     Resolve(#[from] ResolveError),
-    #[error("weights v{version} reached {updated} of {total} SGLang replicas: {failures}")]
-    Replicas { version: i64, updated: usize, total: usize, failures: String },
+    #[error("weights v{version} reached {updated} of {total} {server} replicas: {failures}")]
+    Replicas { server: &'static str, version: i64, updated: usize, total: usize, failures: String },
     #[error("weight-update group {name}: {reason}")]
     Group { name: String, reason: String },
 }
@@ -149,8 +150,8 @@ pub enum Publisher {
     /// SGLang servers reload a Hugging Face folder from a shared path: every replica behind `urls`,
     /// aborting the requests in flight when `interrupt`.
     SglangDisk { path: PathBuf, urls: Vec<String>, source_dir: PathBuf, interrupt: bool },
-    /// SGLang servers receive the tensors broadcast from this rank.
-    SglangBroadcast(Broadcaster),
+    /// SGLang or vLLM servers receive the tensors broadcast from this rank.
+    Broadcast(Broadcaster),
 }
 
 impl Publisher {
@@ -223,6 +224,7 @@ impl Publisher {
                 if replicas.is_empty() || !failures.is_empty() {
                     let total = replicas.len();
                     return Err(SyncError::Replicas {
+                        server: InferenceServer::Sglang.name(),
                         version,
                         updated: total - failures.len(),
                         total,
@@ -241,7 +243,7 @@ impl Publisher {
                 }
                 Ok(Published { replicas: replicas.len(), bytes })
             }
-            Publisher::SglangBroadcast(broadcaster) => broadcaster.publish(policy, version).await,
+            Publisher::Broadcast(broadcaster) => broadcaster.publish(policy, version).await,
         }
     }
 }
@@ -253,11 +255,11 @@ impl Publisher {
             Publisher::InProcess(_) => "in_process",
             Publisher::HttpPull { .. } => "http_pull",
             Publisher::SglangDisk { .. } => "sglang_disk",
-            Publisher::SglangBroadcast(_) => "sglang_broadcast",
+            Publisher::Broadcast(broadcaster) => broadcaster.method(),
         }
     }
 
-    /// Brings the SGLang replicas `behind` (restarted, or new) to `version`, the one published
+    /// Brings the SGLang or vLLM replicas `behind` (restarted, or new) to `version`, the one published
     /// last; returns how many took it. Other methods have nothing to catch up: workers pulling
     /// over HTTP load a request's version before generating.
     pub async fn catch_up(
@@ -268,9 +270,7 @@ impl Publisher {
     ) -> Result<usize, SyncError> {
         match self {
             Publisher::InProcess(_) | Publisher::HttpPull { .. } => Ok(0),
-            Publisher::SglangBroadcast(broadcaster) => {
-                Ok(broadcaster.catch_up(policy, version).await?.replicas)
-            }
+            Publisher::Broadcast(broadcaster) => Ok(broadcaster.catch_up(policy, version).await?.replicas),
             Publisher::SglangDisk { path, interrupt, .. } => {
                 let model_path = path.join(format!("v{version}")).display().to_string();
                 let mut caught_up = 0;

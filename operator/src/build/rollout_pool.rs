@@ -3,7 +3,7 @@
 
 use super::meta::{self, child};
 use super::objects::{config_map, deployment, service, token_secret};
-use super::pod::{ContainerParts, config_mount, config_volume, template, token_env};
+use super::pod::{ContainerParts, config_mount, config_volume, env, template, token_env};
 use super::{
     InvalidSpec, ROLLOUT_PORT, SGLANG_PORT, Settings, TRAINER_PORT, VLLM_PORT, config_path, retriever,
     training_job,
@@ -12,6 +12,7 @@ use crate::crd::RolloutPool;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kart_core::config::rollout::{EngineConfig, RolloutConfig};
+use kart_core::config::train::InferenceServer;
 use kube::ResourceExt;
 use std::collections::BTreeMap;
 
@@ -51,10 +52,13 @@ pub fn token_secret_name(name: &str) -> String {
     format!("{name}-token")
 }
 
-/// The URL standing for every ready SGLang server of pool `pool` in `namespace` (its headless
+/// The URL standing for every ready `server` of pool `pool` in `namespace` (its headless
 /// replicas Service), for `weight_sync.urls`.
-pub fn sglang_replicas_url(pool: &str, namespace: &str) -> String {
-    meta::endpoint(&format!("{pool}-sglang-replicas"), namespace, SGLANG_PORT)
+pub fn replicas_url(server: InferenceServer, pool: &str, namespace: &str) -> String {
+    match server {
+        InferenceServer::Sglang => meta::endpoint(&format!("{pool}-sglang-replicas"), namespace, SGLANG_PORT),
+        InferenceServer::Vllm => meta::endpoint(&format!("{pool}-vllm-replicas"), namespace, VLLM_PORT),
+    }
 }
 
 /// The URL the trainer reaches the pool at.
@@ -188,16 +192,26 @@ fn inference(pool: &RolloutPool, settings: &Settings) -> Option<Inference> {
     let name = pool.name_any();
     let workload = format!("{name}-{kind}");
     let model = pool.spec.config.model.display().to_string();
-    let (image, command, mut args) = match &pool.spec.config.engine {
+    let (image, command, mut args, environment) = match &pool.spec.config.engine {
+        // The RL routes (weight transfer, `/weight_info`) exist in dev mode only.
         EngineConfig::Vllm { model: served, .. } => (
             "vllm/vllm-openai:latest",
             vec!["vllm".to_string(), "serve".into(), model],
-            vec!["--served-model-name".to_string(), served.clone(), "--host".into(), "0.0.0.0".into()],
+            vec![
+                "--served-model-name".to_string(),
+                served.clone(),
+                "--host".into(),
+                "0.0.0.0".into(),
+                "--weight-transfer-config".into(),
+                r#"{"backend": "nccl"}"#.into(),
+            ],
+            vec![env("VLLM_SERVER_DEV_MODE", "1")],
         ),
         _ => (
             "lmsysorg/sglang:latest",
             vec!["python3".to_string(), "-m".into(), "sglang.launch_server".into()],
             vec!["--model-path".to_string(), model, "--host".into(), "0.0.0.0".into()],
+            Vec::new(),
         ),
     };
     args.extend(["--port".into(), port.to_string()]);
@@ -213,6 +227,7 @@ fn inference(pool: &RolloutPool, settings: &Settings) -> Option<Inference> {
             command,
             args,
             ports: vec![("http", port)],
+            env: environment,
             // Loading a model takes minutes: readiness only, no liveness probe.
             probes: Some(("/health", None)),
             ..ContainerParts::default()
@@ -289,7 +304,10 @@ mod tests {
         assert_eq!(replicas_spec.cluster_ip.as_deref(), Some("None"), "a DNS record per server");
         assert_eq!(replicas_spec.publish_not_ready_addresses, None, "only servers that loaded a model");
         assert_eq!(replicas_spec.selector, service.spec.as_ref().unwrap().selector);
-        assert_eq!(sglang_replicas_url("pool", "ml"), "http://pool-sglang-replicas.ml.svc:30000");
+        assert_eq!(
+            replicas_url(InferenceServer::Sglang, "pool", "ml"),
+            "http://pool-sglang-replicas.ml.svc:30000"
+        );
         let container = &server.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
         assert_eq!(container.image.as_deref(), Some("lmsysorg/sglang:latest"));
         assert_eq!(container.command.as_ref().unwrap(), &["python3", "-m", "sglang.launch_server"]);
@@ -324,6 +342,16 @@ mod tests {
         assert_eq!(container.command.as_ref().unwrap(), &["vllm", "serve", "/models/qwen"]);
         assert!(container.args.as_ref().unwrap().windows(2).any(|w| w == ["--served-model-name", "qwen"]));
         assert!(container.args.as_ref().unwrap().windows(2).any(|w| w == ["--port", "8000"]));
+        let args = container.args.as_ref().unwrap();
+        assert!(args.windows(2).any(|w| w == ["--weight-transfer-config", r#"{"backend": "nccl"}"#]));
+        let env = container.env.as_ref().unwrap();
+        assert!(env.iter().any(|e| e.name == "VLLM_SERVER_DEV_MODE" && e.value.as_deref() == Some("1")));
+        let replicas = c.inference.as_ref().unwrap().replicas.metadata.name.as_deref();
+        assert_eq!(replicas, Some("pool-vllm-replicas"));
+        assert_eq!(
+            replicas_url(InferenceServer::Vllm, "pool", "ml"),
+            "http://pool-vllm-replicas.ml.svc:8000"
+        );
     }
 
     #[test]

@@ -22,8 +22,8 @@ use crate::crd::{RolloutPool, TrainingJob};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use kart_core::config::rollout::EngineConfig;
-use kart_core::config::train::TrainConfig;
 use kart_core::config::train::WeightSync;
+use kart_core::config::train::{InferenceServer, TrainConfig};
 use kube::ResourceExt;
 use std::collections::BTreeMap;
 
@@ -102,7 +102,12 @@ pub fn render_config(tj: &TrainingJob) -> TrainConfig {
         }
         WeightSync::SglangDisk { urls, .. } | WeightSync::SglangBroadcast { urls, .. } if urls.is_empty() => {
             if let Some(pool) = &spec.rollout_pool_ref {
-                *urls = vec![rollout_pool::sglang_replicas_url(pool, &namespace)];
+                *urls = vec![rollout_pool::replicas_url(InferenceServer::Sglang, pool, &namespace)];
+            }
+        }
+        WeightSync::VllmBroadcast { urls, .. } if urls.is_empty() => {
+            if let Some(pool) = &spec.rollout_pool_ref {
+                *urls = vec![rollout_pool::replicas_url(InferenceServer::Vllm, pool, &namespace)];
             }
         }
         _ => {}
@@ -175,32 +180,19 @@ pub fn validate(tj: &TrainingJob) -> Result<(), InvalidSpec> {
 
 /// Whether the trainer's weight sync can keep the engine of `pool` (the RolloutPool of
 /// `rolloutPoolRef`) on its weights: `http_pull` for kart's embedded engine, `sglang_disk` or
-/// `sglang_broadcast` for SGLang; nothing yet for vLLM.
+/// `sglang_broadcast` for SGLang, `vllm_broadcast` for vLLM.
 pub fn weight_sync_fits(tj: &TrainingJob, pool: &RolloutPool) -> Result<(), InvalidSpec> {
     let pool_name = pool.name_any();
-    let (kind, engine, wanted) = match (&pool.spec.config.engine, &tj.spec.config.weight_sync) {
-        (EngineConfig::Embedded { .. }, WeightSync::HttpPull { .. })
-        | (EngineConfig::Sglang { .. }, WeightSync::SglangDisk { .. } | WeightSync::SglangBroadcast { .. }) =>
-        {
-            return Ok(());
-        }
-        (EngineConfig::Vllm { .. }, _) => {
-            return Err(InvalidSpec::new(
-                "spec.rolloutPoolRef",
-                &pool_name,
-                "the pool's engine is vLLM, whose servers kart cannot yet keep on the trainer's weights (no weight_sync for vLLM): use an SGLang or embedded pool",
-            ));
-        }
-        (EngineConfig::Embedded { .. }, WeightSync::SglangDisk { .. }) => {
-            ("sglang_disk", "embedded", "http_pull")
-        }
-        (EngineConfig::Embedded { .. }, WeightSync::SglangBroadcast { .. }) => {
-            ("sglang_broadcast", "embedded", "http_pull")
-        }
-        (EngineConfig::Sglang { .. }, WeightSync::HttpPull { .. }) => {
-            ("http_pull", "SGLang", "sglang_disk or sglang_broadcast")
-        }
+    let sync = &tj.spec.config.weight_sync;
+    let (engine, wanted) = match (&pool.spec.config.engine, sync.servers()) {
+        (EngineConfig::Embedded { .. }, None)
+        | (EngineConfig::Sglang { .. }, Some((InferenceServer::Sglang, _)))
+        | (EngineConfig::Vllm { .. }, Some((InferenceServer::Vllm, _))) => return Ok(()),
+        (EngineConfig::Embedded { .. }, _) => ("embedded", "http_pull"),
+        (EngineConfig::Sglang { .. }, _) => ("SGLang", "sglang_disk or sglang_broadcast"),
+        (EngineConfig::Vllm { .. }, _) => ("vLLM", "vllm_broadcast"),
     };
+    let kind = sync.kind();
     Err(InvalidSpec::new(
         "spec.config.weight_sync.kind",
         kind,
@@ -391,8 +383,15 @@ mod tests {
             serde_json::from_value(serde_json::json!({"kind": "sglang_broadcast"})).unwrap();
         let rendered = render_config(&sglang).weight_sync;
         assert_eq!(
-            rendered.sglang_urls(),
-            Some(&["http://pool-sglang-replicas.ml.svc:30000".to_string()][..])
+            rendered.servers(),
+            Some((InferenceServer::Sglang, &["http://pool-sglang-replicas.ml.svc:30000".to_string()][..]))
+        );
+        sglang.spec.config.weight_sync =
+            serde_json::from_value(serde_json::json!({"kind": "vllm_broadcast"})).unwrap();
+        let rendered = render_config(&sglang).weight_sync;
+        assert_eq!(
+            rendered.servers(),
+            Some((InferenceServer::Vllm, &["http://pool-vllm-replicas.ml.svc:8000".to_string()][..]))
         );
         assert_eq!(c.claim.as_ref().unwrap().metadata.name.as_deref(), Some("run-checkpoints"));
         assert!(c.nodes_service.is_none());
@@ -462,7 +461,15 @@ mod tests {
         assert_eq!(weight_sync_fits(&tj, &pool), Ok(()));
         pool.spec.config.engine =
             EngineConfig::Vllm { urls: vec![], model: "qwen".into(), timeout_secs: 60.0 };
-        assert!(message(&tj, &pool).starts_with("spec.rolloutPoolRef = pool: the pool's engine is vLLM"));
+        assert_eq!(
+            message(&tj, &pool),
+            "spec.config.weight_sync.kind = http_pull: RolloutPool pool runs the vLLM engine: use vllm_broadcast"
+        );
+        tj.spec.config.weight_sync =
+            serde_json::from_value(serde_json::json!({"kind": "vllm_broadcast"})).unwrap();
+        assert_eq!(weight_sync_fits(&tj, &pool), Ok(()));
+        pool.spec.config.engine = EngineConfig::default();
+        assert!(message(&tj, &pool).starts_with("spec.config.weight_sync.kind = vllm_broadcast: RolloutPool pool runs the embedded engine: use http_pull"));
     }
 
     #[test]

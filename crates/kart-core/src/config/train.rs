@@ -473,6 +473,46 @@ pub enum WeightSync {
         #[serde(default = "default_sync_timeout_secs")]
         timeout_secs: f64,
     },
+    /// Broadcast the tensors from trainer rank 0 to the workers of every vLLM replica through
+    /// vLLM's weight-transfer engine (servers started with `VLLM_SERVER_DEV_MODE=1` and
+    /// `--weight-transfer-config '{"backend": "nccl"}'`): the workers join an NCCL communicator
+    /// as `PyNcclCommunicator` does (`/init_weight_transfer_engine`), and each publish pauses the
+    /// server once its requests finished, sends the tensors in buckets (`/update_weights`) and
+    /// finishes with the version (`/finish_weight_update`). A CPU trainer moves them over Gloo.
+    VllmBroadcast {
+        /// vLLM server URLs, as for `sglang_disk`.
+        #[serde(default)]
+        urls: Vec<String>,
+        /// As for `sglang_broadcast`.
+        #[serde(default)]
+        master_address: Option<String>,
+        /// As for `sglang_broadcast`.
+        #[serde(default)]
+        master_port: u16,
+        /// Bytes of tensors per `/update_weights` call, in MiB (one tensor larger goes alone).
+        #[serde(default = "default_sync_bucket_mb")]
+        bucket_mb: f64,
+        /// Seconds the replicas' workers have to join the communicator and to receive one bucket.
+        #[serde(default = "default_sync_timeout_secs")]
+        timeout_secs: f64,
+    },
+}
+
+/// The kind of inference server a weight sync updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InferenceServer {
+    Sglang,
+    Vllm,
+}
+
+impl InferenceServer {
+    /// The server's name, as errors and logs give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            InferenceServer::Sglang => "SGLang",
+            InferenceServer::Vllm => "vLLM",
+        }
+    }
 }
 
 fn default_sync_bucket_mb() -> f64 {
@@ -484,11 +524,24 @@ fn default_sync_timeout_secs() -> f64 {
 }
 
 impl WeightSync {
-    /// The SGLang servers this sync updates (none for `http_pull`).
-    pub fn sglang_urls(&self) -> Option<&[String]> {
+    /// The inference servers this sync updates, and their kind (none for `http_pull`).
+    pub fn servers(&self) -> Option<(InferenceServer, &[String])> {
         match self {
             WeightSync::HttpPull { .. } => None,
-            WeightSync::SglangDisk { urls, .. } | WeightSync::SglangBroadcast { urls, .. } => Some(urls),
+            WeightSync::SglangDisk { urls, .. } | WeightSync::SglangBroadcast { urls, .. } => {
+                Some((InferenceServer::Sglang, urls))
+            }
+            WeightSync::VllmBroadcast { urls, .. } => Some((InferenceServer::Vllm, urls)),
+        }
+    }
+
+    /// The sync's name, as config and metrics give it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WeightSync::HttpPull { .. } => "http_pull",
+            WeightSync::SglangDisk { .. } => "sglang_disk",
+            WeightSync::SglangBroadcast { .. } => "sglang_broadcast",
+            WeightSync::VllmBroadcast { .. } => "vllm_broadcast",
         }
     }
 }
@@ -579,11 +632,13 @@ impl TrainConfig {
                 "needs activation_checkpointing: true (a layer's gathered weights are dropped after its forward pass and gathered again for its recomputed backward pass)",
             );
         }
-        if self.rollout.interruptible && self.weight_sync.sglang_urls().is_none() {
+        if self.rollout.interruptible
+            && !matches!(self.weight_sync.servers(), Some((InferenceServer::Sglang, _)))
+        {
             return err(
                 "rollout.interruptible",
                 &true,
-                "needs weight_sync.kind = sglang_disk or sglang_broadcast (the embedded engine already swaps weights between decoding steps)",
+                "needs weight_sync.kind = sglang_disk or sglang_broadcast (the embedded engine already swaps weights between decoding steps; vLLM's updates wait for the requests in flight)",
             );
         }
         if let WeightSync::SglangDisk { path, .. } = &self.weight_sync
@@ -592,7 +647,8 @@ impl TrainConfig {
             let value = format!("{path:?}");
             return err("weight_sync.path", &value, "must be an absolute path the SGLang servers see too");
         }
-        if let WeightSync::SglangBroadcast { master_address, bucket_mb, timeout_secs, .. } = &self.weight_sync
+        if let WeightSync::SglangBroadcast { master_address, bucket_mb, timeout_secs, .. }
+        | WeightSync::VllmBroadcast { master_address, bucket_mb, timeout_secs, .. } = &self.weight_sync
         {
             if master_address.as_deref().is_some_and(|a| a.trim().is_empty()) {
                 return err("weight_sync.master_address", &"\"\"", "must be a host name or an address");
@@ -604,9 +660,13 @@ impl TrainConfig {
                 return err("weight_sync.timeout_secs", timeout_secs, "must be positive");
             }
         }
-        if let Some(urls) = self.weight_sync.sglang_urls() {
+        if let Some((server, urls)) = self.weight_sync.servers() {
             if urls.is_empty() {
-                return err("weight_sync.urls", &"[]", "must name the SGLang servers to update");
+                let reason = match server {
+                    InferenceServer::Sglang => "must name the SGLang servers to update",
+                    InferenceServer::Vllm => "must name the vLLM servers to update",
+                };
+                return err("weight_sync.urls", &"[]", reason);
             }
             if let Some(url) = urls.iter().find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
             {
@@ -842,6 +902,30 @@ mod tests {
             ("urls", serde_json::json!([]), "weight_sync.urls = []: must name the SGLang servers"),
         ] {
             let mut sync = serde_json::to_value(&broadcast).unwrap();
+            sync[field] = value;
+            c.weight_sync = serde_json::from_value(sync).unwrap();
+            let error = c.validate().unwrap_err().to_string();
+            assert!(error.starts_with(message), "{error}");
+        }
+        let vllm: WeightSync =
+            serde_json::from_value(serde_json::json!({"kind": "vllm_broadcast", "urls": ["http://v:8000"]}))
+                .unwrap();
+        assert_eq!(vllm.servers(), Some((InferenceServer::Vllm, &["http://v:8000".to_string()][..])));
+        c.weight_sync = vllm.clone();
+        c.rollout.interruptible = false;
+        assert_eq!(c.validate(), Ok(()));
+        c.rollout.interruptible = true;
+        let error = c.validate().unwrap_err().to_string();
+        assert!(
+            error.starts_with("rollout.interruptible = true: needs weight_sync.kind = sglang_disk"),
+            "{error}"
+        );
+        c.rollout.interruptible = false;
+        for (field, value, message) in [
+            ("bucket_mb", serde_json::json!(-2.0), "weight_sync.bucket_mb = -2: must be positive"),
+            ("urls", serde_json::json!([]), "weight_sync.urls = []: must name the vLLM servers"),
+        ] {
+            let mut sync = serde_json::to_value(&vllm).unwrap();
             sync[field] = value;
             c.weight_sync = serde_json::from_value(sync).unwrap();
             let error = c.validate().unwrap_err().to_string();

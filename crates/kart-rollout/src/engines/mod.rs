@@ -2,7 +2,8 @@
 //! servers, one client per URL, balanced client-side when there are several.
 //!
 //! - [`sglang`], [`vllm`]: one server each, over [`http`]'s shared client;
-//! - [`balanced`]: several engines behind one, the least loaded first.
+//! - [`balanced`]: several engines behind one, the least loaded first;
+//! - [`TensorMeta`]: a tensor announced to a server ahead of its broadcast.
 
 pub mod balanced;
 mod http;
@@ -16,6 +17,15 @@ use sglang::SglangEngine;
 use std::sync::Arc;
 use std::time::Duration;
 use vllm::VllmEngine;
+
+/// A tensor announced to a server ahead of its broadcast.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMeta {
+    pub name: String,
+    /// Its dtype as `torch` names it (`bfloat16`, `float32`).
+    pub dtype: &'static str,
+    pub shape: Vec<i64>,
+}
 
 /// The remote engine `config` describes; an error names the field at fault.
 pub fn remote(config: &EngineConfig) -> Result<Arc<dyn Engine>, String> {

@@ -33,6 +33,7 @@
 //! span of tokens with the version that sampled it ([`EngineOutput::earlier`]). A request aborted
 //! more than [`MAX_INTERRUPTIONS`] times fails as aborted.
 
+use super::TensorMeta;
 use super::http::HttpEngine;
 use futures::future::BoxFuture;
 use kart_core::engine::{Engine, EngineError, EngineOutput};
@@ -51,15 +52,6 @@ enum Answer {
     Finished(EngineOutput),
     /// The tokens of a request that was aborted, and the version that sampled them.
     Interrupted { token_ids: Vec<u32>, logprobs: Vec<f32>, version: i64 },
-}
-
-/// A tensor announced to an SGLang server ahead of its broadcast.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorMeta {
-    pub name: String,
-    /// Its dtype as `torch` names it (`bfloat16`, `float32`).
-    pub dtype: &'static str,
-    pub shape: Vec<i64>,
 }
 
 /// A weight-update group an SGLang server's workers join: rank 0 (the trainer) serves its store

@@ -15,11 +15,21 @@
 //! So: sample at temperature 1 on a default server, or start vLLM with
 //! `--logprobs-mode processed_logprobs` and keep top-k/top-p off.
 //!
-//! Policy versions: vLLM has no standard weight-update endpoint and reports no weight version. The
-//! trainer updates the servers by its own means (restart on a new checkpoint, or an RL framework's
-//! weight-sync extension) while no rollout is in flight, then calls [`VllmEngine::set_version`];
-//! outputs carry the version recorded when their request was sent.
+//! Weights: vLLM's weight-transfer engine (`--weight-transfer-config '{"backend": "nccl"}'`) and
+//! its RL routes (`VLLM_SERVER_DEV_MODE=1`, `vllm/entrypoints/serve/dev/rlhf/api_router.py` of
+//! vLLM 0.32): [`VllmEngine::init_weight_transfer_engine`] makes the server's workers join the
+//! trainer's NCCL communicator; a publish is [`VllmEngine::pause`] (the requests in flight finish
+//! first), [`VllmEngine::start_weight_update`], one [`VllmEngine::update_weights`] per bucket of
+//! broadcast tensors, [`VllmEngine::finish_weight_update`] with the version, and
+//! [`VllmEngine::resume`].
+//!
+//! Policy versions: before each request the client reads the server's `weight_version`
+//! (`GET /weight_info`); a paused server holds new requests until the update finished, so that
+//! is the version of the weights a request is sampled with, save one admitted while an update
+//! was paused (labelled one version older than it ran). A server without the RL routes (no dev
+//! mode) reports none: its outputs carry the version recorded by [`VllmEngine::set_version`].
 
+use super::TensorMeta;
 use super::http::HttpEngine;
 use futures::future::BoxFuture;
 use kart_core::engine::{Engine, EngineError, EngineOutput};
@@ -27,6 +37,7 @@ use kart_core::generation::FinishReason;
 use kart_core::generation::Generation;
 use kart_core::generation::GenerationRequest;
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// A vLLM OpenAI-compatible server reached over HTTP.
@@ -34,6 +45,19 @@ use std::time::Duration;
 pub struct VllmEngine {
     http: HttpEngine,
     model: String,
+    /// The server answered that it has no `/weight_info` (not in dev mode).
+    unversioned: AtomicBool,
+}
+
+/// Where a vLLM server's workers meet the trainer's NCCL communicator (`init_info` of the `nccl`
+/// weight-transfer backend): rank 0 serves its store at `master_address:master_port`.
+#[derive(Debug, Clone)]
+pub struct TransferInit<'a> {
+    pub master_address: &'a str,
+    pub master_port: u16,
+    /// The rank of the server's first worker.
+    pub rank_offset: usize,
+    pub world_size: usize,
 }
 
 impl VllmEngine {
@@ -41,7 +65,16 @@ impl VllmEngine {
     /// `model` (its `--served-model-name`), with a per-request `timeout`, at policy version 0.
     pub fn new(base_url: &str, model: &str, timeout: Duration) -> Self {
         let base = base_url.trim_end_matches('/').trim_end_matches("/v1");
-        VllmEngine { http: HttpEngine::new("vllm", base, timeout), model: model.to_string() }
+        VllmEngine {
+            http: HttpEngine::new("vllm", base, timeout),
+            model: model.to_string(),
+            unversioned: AtomicBool::new(false),
+        }
+    }
+
+    /// A client of the server's weight-transfer routes only.
+    pub fn control(base_url: &str, timeout: Duration) -> Self {
+        VllmEngine::new(base_url, "", timeout)
     }
 
     /// The server's base URL (without `/v1`).
@@ -57,6 +90,92 @@ impl VllmEngine {
     /// Records that the server now holds the weights of policy `version`.
     pub fn set_version(&self, version: i64) {
         self.http.set_version(version);
+    }
+
+    /// The server's workers, each one rank of a weight-transfer group (`world_size` of
+    /// `GET /get_world_size`: tensor x pipeline x data parallel).
+    pub async fn world_size(&self) -> Result<usize, EngineError> {
+        let answer = self.http.get("/get_world_size").await?;
+        let size = answer["world_size"].as_u64().filter(|&n| n > 0);
+        let url = format!("GET {}/get_world_size", self.url());
+        let size =
+            size.ok_or_else(|| self.http.unavailable(&url, "malformed response: no positive `world_size`"))?;
+        Ok(size as usize)
+    }
+
+    /// The policy version the server's weights have (`weight_version` of `GET /weight_info`);
+    /// `None` when it is not an integer (`null`: the weights it started with).
+    pub async fn weight_version(&self) -> Result<Option<i64>, EngineError> {
+        let answer = self.http.get("/weight_info").await?;
+        Ok(match &answer["weight_version"] {
+            Value::String(v) => v.parse().ok(),
+            v => v.as_i64(),
+        })
+    }
+
+    /// Makes the server's workers join the trainer's communicator
+    /// (`POST /init_weight_transfer_engine`): worker `i` becomes rank `rank_offset + i`.
+    /// Returns once they joined, that is once every rank did.
+    pub async fn init_weight_transfer_engine(&self, init: &TransferInit<'_>) -> Result<(), EngineError> {
+        let init_info = json!({
+            "master_address": init.master_address,
+            "master_port": init.master_port,
+            "rank_offset": init.rank_offset,
+            "world_size": init.world_size,
+        });
+        self.http.post("/init_weight_transfer_engine", &json!({ "init_info": init_info })).await?;
+        Ok(())
+    }
+
+    /// Pauses generation once the requests in flight finished (`POST /pause?mode=wait`); new
+    /// requests wait for [`VllmEngine::resume`].
+    pub async fn pause(&self) -> Result<(), EngineError> {
+        self.http.post("/pause?mode=wait", &json!({})).await.map(drop)
+    }
+
+    /// Prepares the workers for new weights (`POST /start_weight_update`).
+    pub async fn start_weight_update(&self) -> Result<(), EngineError> {
+        self.http.post("/start_weight_update", &json!({})).await.map(drop)
+    }
+
+    /// Makes the workers receive `tensors`, broadcast from rank 0 one after another, and load
+    /// them (`POST /update_weights`, unpacked). Returns once every tensor arrived.
+    pub async fn update_weights(&self, tensors: &[TensorMeta]) -> Result<(), EngineError> {
+        let update_info = json!({
+            "names": tensors.iter().map(|t| &t.name).collect::<Vec<_>>(),
+            "dtype_names": tensors.iter().map(|t| t.dtype).collect::<Vec<_>>(),
+            "shapes": tensors.iter().map(|t| &t.shape).collect::<Vec<_>>(),
+            "packed": false,
+        });
+        self.http.post("/update_weights", &json!({ "update_info": update_info })).await.map(drop)
+    }
+
+    /// Ends the update; the weights are policy `version` (`POST /finish_weight_update`).
+    /// Records `version`.
+    pub async fn finish_weight_update(&self, version: i64) -> Result<(), EngineError> {
+        let body = json!({ "weight_version": version.to_string() });
+        self.http.post("/finish_weight_update", &body).await?;
+        self.set_version(version);
+        Ok(())
+    }
+
+    /// Resumes generation (`POST /resume`).
+    pub async fn resume(&self) -> Result<(), EngineError> {
+        self.http.post("/resume", &json!({})).await.map(drop)
+    }
+
+    /// The version a request sent now is sampled with: the server's, else the one recorded.
+    async fn current_version(&self) -> Result<i64, EngineError> {
+        if !self.unversioned.load(Ordering::Relaxed) {
+            match self.weight_version().await {
+                Ok(Some(version)) => self.set_version(version),
+                Ok(None) => {}
+                // No RL routes: a 404 (a server not in dev mode) is the only 4xx of a GET.
+                Err(EngineError::Invalid(_)) => self.unversioned.store(true, Ordering::Relaxed),
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(self.version())
     }
 
     /// The `/v1/completions` body for `request`.
@@ -140,7 +259,7 @@ impl VllmEngine {
 impl Engine for VllmEngine {
     fn generate(&self, request: GenerationRequest) -> BoxFuture<'_, Result<EngineOutput, EngineError>> {
         Box::pin(async move {
-            let version = self.version();
+            let version = self.current_version().await?;
             let answer = self.http.post("/v1/completions", &self.payload(&request)).await?;
             self.parse(&format!("{}/v1/completions", self.url()), &answer, version)
         })
@@ -242,6 +361,30 @@ mod tests {
             "logprobs": 0, "return_tokens_as_token_ids": true
         });
         assert_eq!(requests.lock().unwrap()[0], expected);
+    }
+
+    #[tokio::test]
+    async fn outputs_carry_the_version_the_server_reports() {
+        let version = Arc::new(Mutex::new(json!(null)));
+        let reported = version.clone();
+        let router = axum::Router::new()
+            .route(
+                "/v1/completions",
+                post(|| async { ([("content-type", "application/json")], answer(json!("stop"))) }),
+            )
+            .route(
+                "/weight_info",
+                axum::routing::get(move || {
+                    let reported = reported.clone();
+                    async move { Json(json!({ "weight_version": reported.lock().unwrap().clone() })) }
+                }),
+            );
+        let engine = engine(&serve(router).await);
+        engine.set_version(2);
+        assert_eq!(engine.generate(request()).await.unwrap().version, 2, "null: the version recorded");
+        *version.lock().unwrap() = json!("7");
+        assert_eq!(engine.generate(request()).await.unwrap().version, 7);
+        assert_eq!(engine.weight_version().await.unwrap(), Some(7));
     }
 
     #[tokio::test]

@@ -13,12 +13,16 @@
 //!   Gloo (`torch.distributed`, as SGLang's workers join), in buckets of `--bucket-mb`; the
 //!   group is formed by a first, untimed publish. A second run with 4 MiB buckets gives the cost of
 //!   one bucket (its HTTP round trips), which with the bytes of a 7B model in bf16 projects a
-//!   publish over NVLink and InfiniBand at the bandwidths given.
+//!   publish over NVLink and InfiniBand at the bandwidths given;
+//! - `vllm_broadcast`: the same tensors to vLLM stand-ins (`scripts/standins/vllm.py`) through
+//!   vLLM's weight-transfer routes, between a pause and a resume, one broadcast and barrier per
+//!   tensor (Gloo), or with `--vllm-urls` and `--device cuda` to real vLLM servers over NCCL.
 
 use super::anchor::{AnchorArgs, Row, check_python, median, print_rows};
 use super::model::random_model;
 use anyhow::Context;
 use kart_core::config::rollout::WeightDownloadConfig;
+use kart_core::config::train::InferenceServer;
 use kart_http::Readiness;
 use kart_model::config::BENCHMARK_SIZES;
 use kart_model::{CausalLm, EmbeddedEngine, QwenSizes};
@@ -33,6 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const STANDIN: &str = include_str!("../../../../../scripts/standins/sglang.py");
+const VLLM_STANDIN: &str = include_str!("../../../../../scripts/standins/vllm.py");
 
 /// Parameters of a 7B Qwen2 (Qwen2.5-7B), for the projection.
 const PARAMS_7B: f64 = 7.6e9;
@@ -62,6 +67,10 @@ pub struct Args {
     /// of stand-ins; `--replicas` is then their number.
     #[arg(long, value_delimiter = ',', requires = "model_dir")]
     urls: Vec<String>,
+    /// vLLM servers already serving `--model-dir` with the RL routes (`VLLM_SERVER_DEV_MODE=1`,
+    /// `--weight-transfer-config '{"backend": "nccl"}'`) instead of stand-ins.
+    #[arg(long, value_delimiter = ',', requires = "model_dir")]
+    vllm_urls: Vec<String>,
     /// Where the trainer's tensors are: `cpu` (Gloo) or `cuda` (NCCL; the servers on other GPUs).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
@@ -77,7 +86,10 @@ struct Report {
     replicas: u16,
     disk_secs: f64,
     pull_secs: f64,
-    broadcast_secs: f64,
+    /// `None` where not measured: with `--device cuda`, the broadcasts of a kind without real
+    /// servers (`--urls`, `--vllm-urls`): the stand-ins' workers run on the CPU.
+    broadcast_secs: Option<f64>,
+    vllm_broadcast_secs: Option<f64>,
     /// The broadcast's backend (`gloo`, `nccl`).
     backend: &'static str,
     /// Seconds one more bucket costs a broadcast (its HTTP round trips), from 4 MiB buckets;
@@ -116,18 +128,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let repeats = args.anchor.or(args.repeats, 3, 1);
     let script = dir.path().join("sglang.py");
     std::fs::write(&script, STANDIN)?;
+    let vllm_script = dir.path().join("vllm.py");
+    std::fs::write(&vllm_script, VLLM_STANDIN)?;
     let mut servers = Vec::new();
-    let mut urls = args.urls.clone();
-    for _ in urls.len()..args.replicas as usize {
-        let (server, url) = standin(&python, &script, &model_dir)?;
-        servers.push(server);
-        urls.push(url);
+    let (mut urls, mut vllm_urls) = (args.urls.clone(), args.vllm_urls.clone());
+    // The stand-ins' workers receive over Gloo: a CUDA trainer broadcasts to real servers only.
+    let on_cpu = !device.is_cuda();
+    let broadcast_to_sglang = on_cpu || !urls.is_empty();
+    for (urls, script, wanted) in [(&mut urls, &script, true), (&mut vllm_urls, &vllm_script, on_cpu)] {
+        for _ in urls.len()..args.replicas as usize * wanted as usize {
+            let (server, url) = standin(&python, script, &model_dir)?;
+            servers.push(server);
+            urls.push(url);
+        }
     }
     let report = tokio::runtime::Runtime::new()?.block_on(async {
-        for url in &urls {
+        for url in urls.iter().chain(&vllm_urls) {
             ready(url).await?;
         }
-        measure(&args, &policy, &tokenizer, &model_dir, dir.path(), urls, repeats).await
+        let servers = Servers { sglang: urls, broadcast_to_sglang, vllm: vllm_urls };
+        measure(&args, &policy, &tokenizer, &model_dir, dir.path(), servers, repeats).await
     })?;
     drop(servers);
     print_report(&report, &args);
@@ -137,16 +157,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The receivers of the publishes.
+struct Servers {
+    /// SGLang servers: every publish to disk, and broadcasts when `broadcast_to_sglang`.
+    sglang: Vec<String>,
+    broadcast_to_sglang: bool,
+    /// vLLM servers (none: no vLLM broadcast).
+    vllm: Vec<String>,
+}
+
 async fn measure(
     args: &Args,
     policy: &CausalLm,
     tokenizer: &kart_tokenizer::Tokenizer,
     model_dir: &Path,
     dir: &Path,
-    urls: Vec<String>,
+    servers: Servers,
     repeats: usize,
 ) -> anyhow::Result<Report> {
     let mut version = 0;
+    let urls = &servers.sglang;
     let urls_count = urls.len() as u16;
     let disk = Publisher::sglang_disk(dir.join("disk"), urls.clone(), model_dir.to_path_buf(), false);
     let mut disk_secs = Vec::new();
@@ -157,31 +187,47 @@ async fn measure(
         bytes = published.bytes;
     }
 
-    let broadcaster = |bucket_mb: f64| {
+    let broadcaster = |server: InferenceServer, bucket_mb: f64| {
+        let urls = match server {
+            InferenceServer::Sglang => urls.clone(),
+            InferenceServer::Vllm => servers.vllm.clone(),
+        };
         let config = BroadcastConfig {
-            urls: urls.clone(),
+            server,
+            urls,
             master_address: "127.0.0.1".into(),
             master_port: 0,
             bucket_bytes: (bucket_mb * (1 << 20) as f64) as usize,
             timeout: Duration::from_secs(600),
             interrupt: false,
         };
-        Publisher::SglangBroadcast(Broadcaster::new(config, policy.device()))
+        Publisher::Broadcast(Broadcaster::new(config, policy.device()))
     };
-    let broadcast = broadcaster(args.bucket_mb);
-    timed(&broadcast, policy, &mut version).await?;
-    let mut broadcast_secs = Vec::new();
-    for _ in 0..repeats {
-        broadcast_secs.push(timed(&broadcast, policy, &mut version).await?.0);
+    // The median seconds of a publish by `publisher`, after an untimed one forms its group.
+    let timed_median = async |publisher: &Publisher, version: &mut i64| -> anyhow::Result<f64> {
+        timed(publisher, policy, version).await?;
+        let mut seconds = Vec::new();
+        for _ in 0..repeats {
+            seconds.push(timed(publisher, policy, version).await?.0);
+        }
+        Ok(median(seconds.into_iter()))
+    };
+    let (mut broadcast_secs, mut per_bucket_secs) = (None, None);
+    if servers.broadcast_to_sglang {
+        let broadcast =
+            timed_median(&broadcaster(InferenceServer::Sglang, args.bucket_mb), &mut version).await?;
+        let small = broadcaster(InferenceServer::Sglang, 4.0);
+        timed(&small, policy, &mut version).await?;
+        let small_secs = timed(&small, policy, &mut version).await?.0;
+        let buckets = |mb: f64| (bytes as f64 / (mb * (1 << 20) as f64)).ceil().max(1.0);
+        let extra_buckets = buckets(4.0) - buckets(args.bucket_mb);
+        per_bucket_secs = (extra_buckets > 0.0).then(|| ((small_secs - broadcast) / extra_buckets).max(0.0));
+        broadcast_secs = Some(broadcast);
     }
-    let small = broadcaster(4.0);
-    timed(&small, policy, &mut version).await?;
-    let small_secs = timed(&small, policy, &mut version).await?.0;
-    let buckets = |mb: f64| (bytes as f64 / (mb * (1 << 20) as f64)).ceil().max(1.0);
-    let (broadcast_median, extra_buckets) =
-        (median(broadcast_secs.into_iter()), buckets(4.0) - buckets(args.bucket_mb));
-    let per_bucket_secs =
-        (extra_buckets > 0.0).then(|| ((small_secs - broadcast_median) / extra_buckets).max(0.0));
+    let vllm_broadcast_secs = match servers.vllm.is_empty() {
+        true => None,
+        false => Some(timed_median(&broadcaster(InferenceServer::Vllm, args.bucket_mb), &mut version).await?),
+    };
 
     let pull_secs = pull(policy, tokenizer, model_dir, dir, urls_count, repeats).await?;
 
@@ -190,17 +236,18 @@ async fn measure(
     let buckets_7b = (bytes_7b / (args.bucket_mb * (1 << 20) as f64)).ceil();
     let project =
         |gbps: f64| per_bucket_secs.map(|per_bucket| bytes_7b / (gbps * 1e9) + buckets_7b * per_bucket);
-    let rows = vec![
-        Row::at_most("http_pull seconds".into(), pull_secs, disk_secs, 1.0),
-        Row::at_most("sglang_broadcast seconds".into(), broadcast_median, disk_secs, 1.0),
-    ];
+    let mut rows = vec![Row::at_most("http_pull seconds".into(), pull_secs, disk_secs, 1.0)];
+    for (name, secs) in [("sglang_broadcast", broadcast_secs), ("vllm_broadcast", vllm_broadcast_secs)] {
+        rows.extend(secs.map(|secs| Row::at_most(format!("{name} seconds"), secs, disk_secs, 1.0)));
+    }
     Ok(Report {
         parameters: kart_model::transformer::parameter_count(policy.config(), "") as i64,
         bytes,
         replicas: urls_count,
         disk_secs,
         pull_secs,
-        broadcast_secs: broadcast_median,
+        broadcast_secs,
+        vllm_broadcast_secs,
         backend: if policy.device().is_cuda() { "nccl" } else { "gloo" },
         per_bucket_secs,
         projected_7b_nvlink_secs: project(args.nvlink_gbps),
@@ -267,7 +314,7 @@ async fn pull(
     Ok(median(seconds.into_iter()))
 }
 
-/// The SGLang stand-in serving `model_dir` on a free port.
+/// The stand-in `script` serving `model_dir` on a free port.
 fn standin(python: &Path, script: &Path, model_dir: &Path) -> anyhow::Result<(ChildGuard, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let child = Command::new(python)
@@ -287,10 +334,7 @@ async fn ready(url: &str) -> anyhow::Result<()> {
         if client.get(format!("{url}/health")).send().await.is_ok_and(|r| r.status().is_success()) {
             return Ok(());
         }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the SGLang stand-in at {url} did not start within a minute"
-        );
+        anyhow::ensure!(Instant::now() < deadline, "the server at {url} did not start within a minute");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -313,11 +357,11 @@ fn print_report(r: &Report, args: &Args) {
         r.replicas
     );
     print_rows(&r.rows, "sglang_disk");
-    println!(
-        "broadcast: {:.1} MB/s over {} on this machine",
-        r.bytes as f64 / r.broadcast_secs / 1e6,
-        r.backend
-    );
+    for (name, secs) in [("sglang_broadcast", r.broadcast_secs), ("vllm_broadcast", r.vllm_broadcast_secs)] {
+        if let Some(secs) = secs {
+            println!("{name}: {:.1} MB/s over {} on this machine", r.bytes as f64 / secs / 1e6, r.backend);
+        }
+    }
     let (Some(per_bucket), Some(nvlink), Some(ib)) =
         (r.per_bucket_secs, r.projected_7b_nvlink_secs, r.projected_7b_ib_secs)
     else {
