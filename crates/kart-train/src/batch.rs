@@ -31,6 +31,8 @@ pub struct Sample {
     pub rollout_logprobs: Vec<f32>,
     /// The scalar reward.
     pub reward: f32,
+    /// A length limit cut the episode.
+    pub truncated: bool,
     /// Log-probabilities under the policy before the update (filled by the trainer).
     pub old_logprobs: Vec<f32>,
     /// Log-probabilities under the reference policy (filled when the KL loss is on).
@@ -62,6 +64,7 @@ impl Sample {
             loss_mask,
             rollout_logprobs: trajectory.logprobs().to_vec(),
             reward: trajectory.reward as f32,
+            truncated: trajectory.status == Status::Truncated,
             old_logprobs: vec![0.0; n],
             ref_logprobs: vec![0.0; n],
             values: vec![0.0; n],

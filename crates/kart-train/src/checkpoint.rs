@@ -27,6 +27,9 @@ pub struct TrainerState {
     pub optimizer_steps: i64,
     /// Updates the critic optimiser made (PPO).
     pub critic_optimizer_steps: Option<i64>,
+    /// The coefficient of the KL penalty in the reward reached (`algorithm.kl_in_reward`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_coef: Option<f64>,
 }
 
 /// Failure to write or read a checkpoint.
@@ -203,6 +206,7 @@ mod tests {
             data_cursor: serde_json::json!({"epoch": 0, "position": step * 4}),
             optimizer_steps: step as i64,
             critic_optimizer_steps: None,
+            kl_coef: None,
         }
     }
 

@@ -196,6 +196,7 @@ mod tests {
             loss_mask: vec![1.0; len],
             rollout_logprobs: vec![0.0; len],
             reward: 0.0,
+            truncated: false,
             old_logprobs: vec![0.0; len],
             ref_logprobs: vec![0.0; len],
             values: vec![0.0; len],

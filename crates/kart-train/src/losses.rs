@@ -122,6 +122,29 @@ pub fn policy_loss(
     }
 }
 
+/// How the token losses are corrected for the behaviour policy (the engine's log-probabilities,
+/// of whatever version sampled each token).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Correction {
+    /// Truncated importance sampling (slime, verl): `min(exp(old - rollout), cap)`.
+    Truncated { cap: f64 },
+    /// AReaL's decoupled PPO: `exp(proximal - behaviour)`, tokens above `cap` dropped (weight 0).
+    Decoupled { cap: Option<f64> },
+}
+
+/// The importance weight of each token under `correction`, `(B, L)`: `old` the log-probabilities
+/// recomputed before the update (the proximal policy), `rollout` the engine's. A token the
+/// engine did not sample (an observation: its rollout log-probability is 0) weighs 1.
+pub fn importance_weights(old: &Tensor, rollout: &Tensor, correction: Correction) -> Tensor {
+    let ratio = (old - rollout).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp();
+    let weights = match correction {
+        Correction::Truncated { cap } => ratio.clamp_max(cap),
+        Correction::Decoupled { cap: None } => ratio,
+        Correction::Decoupled { cap: Some(cap) } => ratio.where_self(&ratio.le(cap), &ratio.zeros_like()),
+    };
+    weights.where_self(&rollout.ne(0.0), &weights.ones_like())
+}
+
 /// verl's `kl_penalty` per token.
 pub fn kl_penalty(log_prob: &Tensor, ref_log_prob: &Tensor, estimator: KlEstimator) -> Tensor {
     match estimator {
@@ -235,6 +258,48 @@ mod tests {
                 + agg_loss(&loss.narrow(0, 2, 1), &mask.narrow(0, 2, 1), mode, norm).double_value(&[]);
             assert!((whole - parts).abs() < 1e-6, "{mode:?}: {whole} vs {parts}");
         }
+    }
+
+    /// The weights on known log-probabilities: TIS clamps at the cap, decoupled PPO drops what
+    /// exceeds it, an observation (rollout 0) weighs 1, and equal policies weigh 1 everywhere.
+    #[test]
+    fn importance_weights_follow_their_formulas() {
+        let old = t(&[&[-1.0, -1.0, -2.0, -0.5]]);
+        let rollout = t(&[&[-1.5, -3.0, -1.0, 0.0]]);
+        let w = |c| Vec::<f32>::try_from(importance_weights(&old, &rollout, c).view([-1])).unwrap();
+        let e = |x: f32| x.exp();
+        let close = |a: Vec<f32>, b: [f32; 4]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6);
+        assert!(close(w(Correction::Truncated { cap: 2.0 }), [e(0.5), 2.0, e(-1.0), 1.0]));
+        assert!(close(w(Correction::Decoupled { cap: Some(2.0) }), [e(0.5), 0.0, e(-1.0), 1.0]));
+        assert!(close(w(Correction::Decoupled { cap: None }), [e(0.5), e(2.0), e(-1.0), 1.0]));
+        let same = importance_weights(&old, &old, Correction::Decoupled { cap: Some(1.5) });
+        assert_eq!(Vec::<f32>::try_from(same.view([-1])).unwrap(), [1.0; 4]);
+    }
+
+    /// The weights scale each token's policy gradient: with the ratio at 1 (unclipped), the
+    /// gradient of the token-mean loss at token t is `-A_t * w_t / N`; weights of 1 are PPO.
+    #[test]
+    fn importance_weights_scale_each_tokens_gradient() {
+        let old = t(&[&[-1.0, -2.0, -0.5]]);
+        let adv = t(&[&[1.0, -2.0, 0.5]]);
+        let mask = t(&[&[1.0, 1.0, 1.0]]);
+        let weights = t(&[&[0.5, 2.0, 0.0]]);
+        let grad = |weights: Option<&Tensor>| {
+            let lp = old.copy().set_requires_grad(true);
+            let tokens =
+                PolicyTokens { old_log_prob: &old, log_prob: &lp, advantages: &adv, mask: &mask, weights };
+            policy_loss(tokens, PolicyClip::default(), LossAggMode::TokenMean, Normalizer::of(&mask))
+                .loss
+                .backward();
+            Vec::<f32>::try_from(lp.grad().view([-1])).unwrap()
+        };
+        let (plain, weighted) = (grad(None), grad(Some(&weights)));
+        assert_eq!(plain, [-1.0 / 3.0, 2.0 / 3.0, -0.5 / 3.0]);
+        for i in 0..3 {
+            let expected = plain[i] * [0.5, 2.0, 0.0][i];
+            assert!((weighted[i] - expected).abs() < 1e-7, "token {i}: {} vs {expected}", weighted[i]);
+        }
+        assert_eq!(grad(Some(&mask)), plain, "weights of 1 are PPO's loss");
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub struct TrainerMetrics {
     pub eval_reward: GaugeVec,
     pub eval_sampled_reward: GaugeVec,
     pub loss: GaugeVec,
-    pub kl: Gauge,
+    pub kl: GaugeVec,
     pub entropy: Gauge,
     pub clip_fraction: Gauge,
     pub grad_norm: Gauge,
@@ -81,7 +81,12 @@ impl TrainerMetrics {
                 "Loss terms of the last step (policy, kl, entropy, value, total)",
                 &["term"],
             ),
-            kl: metrics::float_gauge(r, "kart_trainer_kl", "Mean KL estimate to the reference policy"),
+            kl: metrics::gauge_vec(
+                r,
+                "kart_trainer_kl",
+                "Mean KL estimate to the reference policy (absent without a KL loss)",
+                &[],
+            ),
             entropy: metrics::float_gauge(r, "kart_trainer_entropy", "Mean per-token entropy of the policy"),
             clip_fraction: metrics::float_gauge(
                 r,

@@ -66,6 +66,20 @@ pub mod keys {
     pub const ACTOR_PPO_KL: Key = Key::fixed("actor/ppo_kl");
     pub const ACTOR_GRAD_NORM: Key = Key::fixed("actor/grad_norm");
     pub const ACTOR_LR: Key = Key::fixed("actor/lr");
+    /// The KL penalty in the reward (`algorithm.kl_in_reward`, verl's names): the step's mean KL
+    /// per trajectory, and the coefficient it was charged at.
+    pub const ACTOR_REWARD_KL_PENALTY: Key = Key::fixed("actor/reward_kl_penalty");
+    pub const ACTOR_REWARD_KL_PENALTY_COEFF: Key = Key::fixed("actor/reward_kl_penalty_coeff");
+    /// The behaviour-policy correction (`tis_cap`, `decoupled`): the mean and largest importance
+    /// weight of the trained tokens (the largest of rank 0's share in a data-parallel run), and
+    /// the share decoupled PPO's cap dropped.
+    pub const ACTOR_IS_WEIGHT_MEAN: Key = Key::fixed("actor/is_weight_mean");
+    pub const ACTOR_IS_WEIGHT_MAX: Key = Key::fixed("actor/is_weight_max");
+    pub const ACTOR_IS_DROPPED: Key = Key::fixed("actor/is_dropped");
+    /// Over-long handling (`algorithm.overlong`): the share of trained trajectories a length
+    /// limit cut, and the mean over-long penalty added to their rewards (with a buffer).
+    pub const OVERLONG_TRUNCATED_SHARE: Key = Key::fixed("overlong/truncated_share");
+    pub const OVERLONG_PENALTY_MEAN: Key = Key::fixed("overlong/penalty_mean");
     /// The critic's figures (PPO).
     pub const CRITIC_VF_LOSS: Key = Key::fixed("critic/vf_loss");
     pub const CRITIC_VF_CLIPFRAC: Key = Key::fixed("critic/vf_clipfrac");

@@ -606,6 +606,7 @@ impl Trainer {
             data_cursor: serde_json::to_value(self.cursor).expect("the cursor serialises"),
             optimizer_steps: states.policy.1,
             critic_optimizer_steps: states.critic.as_ref().map(|(_, steps)| *steps),
+            kl_coef: self.learner.kl_ctrl.as_ref().map(|c| c.value()),
         };
         let parts = Parts {
             state: &state,
@@ -633,7 +634,11 @@ impl Trainer {
         let get = |k: Key| r.get(&k).unwrap_or(0.0);
         m.step.set(self.step as f64);
         m.reward.set(get(keys::REWARD_MEAN));
-        m.kl.set(get(keys::ACTOR_KL));
+        // Without a reference there is no KL to show: the series stays absent, never 0.
+        if let Some(kl) = r.get(&keys::ACTOR_KL) {
+            m.kl.with_label_values::<&str>(&[]).set(kl);
+            m.loss.with_label_values(&["kl"]).set(kl);
+        }
         m.entropy.set(get(keys::ACTOR_ENTROPY));
         m.clip_fraction.set(get(keys::ACTOR_CLIPFRAC));
         m.grad_norm.set(get(keys::ACTOR_GRAD_NORM));
@@ -641,7 +646,6 @@ impl Trainer {
         m.tokens_per_second.set(get(keys::TOKENS_PER_SECOND));
         for (term, key) in [
             ("policy", keys::ACTOR_PG_LOSS),
-            ("kl", keys::ACTOR_KL),
             ("entropy", keys::ACTOR_ENTROPY),
             ("value", keys::CRITIC_VF_LOSS),
         ] {

@@ -7,13 +7,15 @@ use super::checkpoint::Loaded;
 use super::critic::Critic;
 use super::data_parallel::DataParallel;
 use super::layer_shards::{Fault, LayerShards};
-use super::losses::{self, Normalizer};
+use super::losses::{self, Correction, Normalizer};
 use super::optim::{AdamW, StateError, learning_rate};
 use super::record::{StepRecord, keys};
 use super::zero::{Optimizer, ShardedAdamW};
 use kart_core::config::memory::{Precision, Sharding};
-use kart_core::config::train::{AdvantageEstimator, OptimConfig, TrainConfig};
+use kart_core::config::train::{AdvantageEstimator, OptimConfig, OverlongConfig, TrainConfig};
 use kart_core::rl::advantage::{grpo_advantages, rloo_advantages};
+use kart_core::rl::kl::KlEstimator;
+use kart_core::rl::kl_ctrl::KlController;
 use kart_core::rl::loss::{Matrix, PolicyClip};
 use kart_model::{CausalLm, ModelError};
 use kart_torch::DistError;
@@ -49,10 +51,12 @@ pub struct OptimizerStates {
 pub struct Learner {
     pub policy: CausalLm,
     pub optimizer: Optimizer,
-    /// The frozen reference policy of the KL loss.
+    /// The frozen reference policy of the KL loss and of the KL penalty in the reward.
     pub reference: Option<CausalLm>,
     /// The critic and its optimiser (PPO).
     pub critic: Option<(Critic, Optimizer)>,
+    /// The coefficient of the KL penalty in the reward (`algorithm.kl_in_reward`).
+    pub kl_ctrl: Option<KlController>,
     /// This rank's part in a data-parallel run (none: one process does all the work).
     pub parallel: Option<DataParallel>,
     /// Where the layer gatherings of `sharding: full` leave a failed collective.
@@ -94,8 +98,8 @@ impl Learner {
         let policy_dir = checkpoint.map_or_else(|| config.model.clone(), Loaded::policy_dir);
         let kind = parameter_kind(config.precision, device);
         let policy = CausalLm::load_as(&policy_dir, device, Kind::Float)?;
-        let reference = match config.algorithm.kl_loss {
-            Some(_) => {
+        let reference = match config.algorithm.kl_loss.is_some() || config.algorithm.kl_in_reward {
+            true => {
                 let mut r = CausalLm::load_as(&config.model, device, kind)?;
                 r.var_store_mut().freeze();
                 if config.reference.offload {
@@ -103,7 +107,7 @@ impl Learner {
                 }
                 Some(r)
             }
-            None => None,
+            false => None,
         };
         let critic = match config.algorithm.advantage {
             AdvantageEstimator::Gae => {
@@ -121,6 +125,9 @@ impl Learner {
             _ => None,
         };
         let mut learner = Self::assemble(policy, reference, critic, config, kind, parallel)?;
+        if let (Some(ctrl), Some(value)) = (&mut learner.kl_ctrl, checkpoint.and_then(|c| c.state.kl_coef)) {
+            *ctrl = KlController::resumed(config.algorithm.kl_ctrl, value);
+        }
         if let Some(c) = checkpoint {
             let state_error = |source| LearnerError::OptimizerState { path: c.dir.clone(), source };
             learner.optimizer.load_state(copy(&c.optimizer), c.state.optimizer_steps).map_err(state_error)?;
@@ -182,7 +189,9 @@ impl Learner {
             let shards = LayerShards::frozen(r, p.group().share(), fault.clone());
             r.set_residency(Box::new(shards));
         }
-        let learner = Learner { policy, optimizer: policy_optimizer, reference, critic, parallel, fault };
+        let kl_ctrl = config.algorithm.kl_in_reward.then(|| KlController::new(config.algorithm.kl_ctrl));
+        let learner =
+            Learner { policy, optimizer: policy_optimizer, reference, critic, kl_ctrl, parallel, fault };
         learner.gather_trained()?;
         Ok(learner)
     }
@@ -311,8 +320,20 @@ impl Learner {
             return Ok(record);
         }
         self.release_trained();
+        overlong(
+            samples,
+            &config.algorithm.overlong,
+            config.rollout.env.max_trajectory_tokens(),
+            &mut record,
+        );
         record.set(keys::ACTOR_ENTROPY, self.score(samples, config)?);
-        advantages(samples, config);
+        let penalties = self.kl_ctrl.as_mut().map(|ctrl| {
+            let (penalties, kl, beta) = reward_kl_penalties(samples, config.algorithm.kl_penalty, ctrl);
+            record.set(keys::ACTOR_REWARD_KL_PENALTY, kl);
+            record.set(keys::ACTOR_REWARD_KL_PENALTY_COEFF, beta);
+            penalties
+        });
+        advantages(samples, config, penalties.as_deref());
         let train_actor = step >= config.critic.warmup_steps || self.critic.is_none();
         let lr = learning_rate(&config.optim, step, config.total_steps);
         let critic_lr = learning_rate(&config.critic.optim, step, config.total_steps);
@@ -356,10 +377,20 @@ impl Learner {
             let (lp, entropy) = forward.logprobs(&self.policy, &mb, temperature, a.entropy_coef != 0.0);
             let old = mb.gather(samples, Field::OldLogprobs);
             let adv = mb.gather(samples, Field::Advantages);
-            let weights = a.tis_cap.map(|cap| {
-                let rollout = mb.gather(samples, Field::RolloutLogprobs);
-                let w = (&old - &rollout).exp().clamp_max(cap);
-                w.where_self(&rollout.ne(0.0), &w.ones_like())
+            let correction = match (a.decoupled, a.tis_cap) {
+                (true, _) => Some(Correction::Decoupled { cap: a.behav_imp_weight_cap }),
+                (false, Some(cap)) => Some(Correction::Truncated { cap }),
+                (false, None) => None,
+            };
+            let weights = correction.map(|c| {
+                let w = losses::importance_weights(&old, &mb.gather(samples, Field::RolloutLogprobs), c);
+                sums.is_weight_mean += losses::masked_mean(&w, &mb.mask, norm.tokens).double_value(&[]);
+                let trained = w.where_self(&mb.mask.gt(0.0), &w.zeros_like());
+                sums.is_weight_max = sums.is_weight_max.max(trained.max().double_value(&[]));
+                let dropped = w.eq(0.0).logical_and(&mb.mask.gt(0.0)).to_kind(Kind::Float);
+                sums.is_dropped += losses::masked_mean(&dropped, &mb.mask, norm.tokens).double_value(&[]);
+                sums.corrected = true;
+                w
             });
             let tokens = losses::PolicyTokens {
                 old_log_prob: &old,
@@ -379,6 +410,7 @@ impl Learner {
                 let kl = losses::agg_loss(&kl, &mb.mask, a.loss_agg_mode, norm);
                 loss += a.kl_coef * &kl;
                 sums.kl += kl.double_value(&[]);
+                sums.kl_loss = true;
             }
             forward.backward(&loss);
             self.optimizer.after_micro_batch(self.parallel.as_ref())?;
@@ -462,6 +494,14 @@ fn mini_batches(samples: &[Sample], prompts: usize) -> Vec<Vec<usize>> {
 struct Sums {
     pg_loss: f64,
     kl: f64,
+    /// The KL loss ran (there is a reference to measure the KL to).
+    kl_loss: bool,
+    /// Importance weights of the behaviour policy: their mean, the largest, the share of tokens
+    /// dropped (decoupled PPO's cap), when a correction is on.
+    is_weight_mean: f64,
+    is_weight_max: f64,
+    is_dropped: f64,
+    corrected: bool,
     clipfrac: f64,
     clipfrac_lower: f64,
     ppo_kl: f64,
@@ -483,6 +523,8 @@ impl Sums {
             &mut self.clipfrac,
             &mut self.clipfrac_lower,
             &mut self.ppo_kl,
+            &mut self.is_weight_mean,
+            &mut self.is_dropped,
             &mut self.vf_loss,
             &mut self.vf_clipfrac,
         ];
@@ -498,7 +540,14 @@ impl Sums {
         if self.actor_updates > 0 {
             let n = f64::from(self.actor_updates);
             r.set(keys::ACTOR_PG_LOSS, self.pg_loss / n);
-            r.set(keys::ACTOR_KL, self.kl / n);
+            if self.kl_loss {
+                r.set(keys::ACTOR_KL, self.kl / n);
+            }
+            if self.corrected {
+                r.set(keys::ACTOR_IS_WEIGHT_MEAN, self.is_weight_mean / n);
+                r.set(keys::ACTOR_IS_WEIGHT_MAX, self.is_weight_max);
+                r.set(keys::ACTOR_IS_DROPPED, self.is_dropped / n);
+            }
             r.set(keys::ACTOR_CLIPFRAC, self.clipfrac / n);
             r.set(keys::ACTOR_CLIPFRAC_LOWER, self.clipfrac_lower / n);
             r.set(keys::ACTOR_PPO_KL, self.ppo_kl / n);
@@ -514,13 +563,66 @@ impl Sums {
     }
 }
 
-/// Fills advantages (and, for GAE, returns) of every sample.
-fn advantages(samples: &mut [Sample], config: &TrainConfig) {
+/// DAPO's over-long handling: with a buffer, each reward gets the penalty of its response length
+/// (the room being `max_tokens` less the prompt); with `mask`, truncated samples train nothing
+/// (they still count in their group's baseline). Records the truncated share and the mean penalty.
+fn overlong(samples: &mut [Sample], config: &OverlongConfig, max_tokens: usize, record: &mut StepRecord) {
+    let n = samples.len().max(1) as f64;
+    let truncated = samples.iter().filter(|s| s.truncated).count();
+    record.set(keys::OVERLONG_TRUNCATED_SHARE, truncated as f64 / n);
+    if let Some(buffer) = &config.buffer {
+        let mut total = 0.0;
+        for s in samples.iter_mut() {
+            let penalty = buffer.penalty(s.len() - s.prompt_len, max_tokens.saturating_sub(s.prompt_len));
+            s.reward += penalty as f32;
+            total += penalty;
+        }
+        record.set(keys::OVERLONG_PENALTY_MEAN, total / n);
+    }
+    if config.mask {
+        for s in samples.iter_mut().filter(|s| s.truncated) {
+            s.loss_mask.fill(0.0);
+        }
+    }
+}
+
+/// verl's `apply_kl_penalty`: each trained token's penalty `beta * kl(old, reference)` (the
+/// reference's log-probabilities filled), then `ctrl` moved by the step's mean over trajectories
+/// of their mean KL per token; returns the penalties, that mean and the `beta` charged.
+fn reward_kl_penalties(
+    samples: &[Sample],
+    estimator: KlEstimator,
+    ctrl: &mut KlController,
+) -> (Vec<Vec<f32>>, f64, f64) {
+    let beta = ctrl.value();
+    let mut mean_kl = 0.0;
+    let penalties: Vec<Vec<f32>> = samples
+        .iter()
+        .map(|s| {
+            let kl: Vec<f32> = (0..s.len())
+                .map(|t| s.loss_mask[t] * estimator.estimate(s.old_logprobs[t], s.ref_logprobs[t]))
+                .collect();
+            let tokens: f64 = s.loss_mask.iter().map(|&m| f64::from(m)).sum();
+            // verl's masked_mean over a row.
+            mean_kl += kl.iter().map(|&k| f64::from(k)).sum::<f64>() / (tokens + 1e-8);
+            kl.iter().map(|&k| (beta * f64::from(k)) as f32).collect()
+        })
+        .collect();
+    let kl = mean_kl / samples.len().max(1) as f64;
+    ctrl.update(kl, samples.len());
+    (penalties, kl, beta)
+}
+
+/// Fills advantages (and, for GAE, returns) of every sample, each token's reward lowered by its
+/// KL penalty when there are `penalties` (an outcome estimator sees the trajectory's score
+/// lowered by their sum, as verl's `token_level_rewards.sum(-1)`).
+fn advantages(samples: &mut [Sample], config: &TrainConfig, penalties: Option<&[Vec<f32>]>) {
     let a = &config.algorithm;
     if a.advantage == AdvantageEstimator::Gae {
-        return gae(samples, a.gamma, a.lam);
+        return gae(samples, a.gamma, a.lam, penalties);
     }
-    let scores: Vec<f32> = samples.iter().map(|s| s.reward).collect();
+    let penalty = |i: usize| penalties.map_or(0.0, |p| p[i].iter().sum::<f32>());
+    let scores: Vec<f32> = samples.iter().enumerate().map(|(i, s)| s.reward - penalty(i)).collect();
     let groups: Vec<usize> = samples.iter().map(|s| s.group).collect();
     let ones = Matrix::new(samples.len(), 1, vec![1.0; samples.len()]).expect("a column of ones");
     let per_sample = match a.advantage {
@@ -533,9 +635,9 @@ fn advantages(samples: &mut [Sample], config: &TrainConfig) {
     }
 }
 
-/// GAE over each sample's response (the reward on its last trained token), whitened over the
-/// batch.
-fn gae(samples: &mut [Sample], gamma: f64, lam: f64) {
+/// GAE over each sample's response (the reward on its last trained token, less each token's KL
+/// penalty), whitened over the batch.
+fn gae(samples: &mut [Sample], gamma: f64, lam: f64, penalties: Option<&[Vec<f32>]>) {
     let width = samples.iter().map(|s| s.len() - s.prompt_len).max().unwrap_or(0).max(1);
     let n = samples.len();
     let (mut rewards, mut values, mut mask) =
@@ -548,6 +650,11 @@ fn gae(samples: &mut [Sample], gamma: f64, lam: f64) {
         }
         if let Some(last) = s.last_trained() {
             rewards[row + last - s.prompt_len] = s.reward;
+        }
+        if let Some(penalties) = penalties {
+            for t in s.prompt_len..s.len() {
+                rewards[row + t - s.prompt_len] -= penalties[i][t];
+            }
         }
     }
     let shape = [n as i64, width as i64];
@@ -575,7 +682,9 @@ mod tests {
     use super::*;
     use crate::batch::MicroBatch;
     use kart_core::agent::trajectory::Trajectory;
-    use kart_core::config::train::{AlgorithmConfig, BatchConfig, OptimConfig};
+    use kart_core::config::train::{
+        AlgorithmConfig, BatchConfig, KlCtrlConfig, KlCtrlType, OptimConfig, OverlongBuffer,
+    };
 
     /// Two groups of two: prompt, a model turn, an observation, a final model turn.
     fn samples(observation: u32) -> Vec<Sample> {
@@ -1017,6 +1126,201 @@ mod tests {
             }
             assert!(s.returns[s.prompt_len..].iter().all(|r| r.is_finite()));
         }
+    }
+
+    /// A copy of the policy's parameters now.
+    fn policy_now(learner: &Learner) -> Vec<Tensor> {
+        learner.policy.named_tensors().into_iter().map(|(_, t)| t.copy()).collect()
+    }
+
+    /// During `critic.warmup_steps` only the critic learns: the policy stays put and no actor
+    /// figures are recorded; from the first step after, the policy learns too.
+    #[test]
+    fn the_critic_warms_up_alone() {
+        let mut config = config(AdvantageEstimator::Gae);
+        config.critic.warmup_steps = 2;
+        config.total_steps = 10;
+        let mut learner = learner(true);
+        let start = policy_now(&learner);
+        let record = learner.step(&mut samples(30), &config, 1).unwrap();
+        assert_eq!(max_abs_difference(&start, &policy_now(&learner)), 0.0, "the policy moved in warm-up");
+        assert_eq!(record.get(&keys::ACTOR_PG_LOSS), None);
+        assert!(record.get(&keys::CRITIC_GRAD_NORM).unwrap() > 0.0, "the critic learns");
+        let record = learner.step(&mut samples(30), &config, 2).unwrap();
+        assert!(max_abs_difference(&start, &policy_now(&learner)) > 0.0, "the policy learns after it");
+        assert!(record.get(&keys::ACTOR_PG_LOSS).is_some());
+    }
+
+    /// With no advantage (equal rewards), no KL loss and no weight decay, an entropy bonus is the only force: the
+    /// step raises the policy's entropy on the batch; without it the policy does not move.
+    #[test]
+    fn the_entropy_bonus_raises_entropy() {
+        let mut config = config(AdvantageEstimator::Grpo);
+        config.algorithm.kl_loss = None;
+        config.optim.weight_decay = 0.0;
+        let equal_rewards = || {
+            let mut batch = samples(30);
+            batch.iter_mut().for_each(|s| s.reward = 1.0);
+            batch
+        };
+        let mut still = learner_with(false, Kind::Float, &config, None);
+        let start = policy_now(&still);
+        still.step(&mut equal_rewards(), &config, 0).unwrap();
+        assert_eq!(max_abs_difference(&start, &policy_now(&still)), 0.0);
+        config.algorithm.entropy_coef = 1.0;
+        let mut learner = learner_with(false, Kind::Float, &config, None);
+        let before =
+            learner.step(&mut equal_rewards(), &config, 0).unwrap().get(&keys::ACTOR_ENTROPY).unwrap();
+        let after =
+            learner.step(&mut equal_rewards(), &config, 1).unwrap().get(&keys::ACTOR_ENTROPY).unwrap();
+        assert!(after > before, "entropy {before} -> {after}");
+    }
+
+    /// Four samples whose trained tokens have K1 KL `0.1 * (i + 1)` to the reference (sample i).
+    fn samples_with_kl() -> Vec<Sample> {
+        let mut batch = samples(30);
+        for (i, s) in batch.iter_mut().enumerate() {
+            for t in 0..s.len() {
+                s.old_logprobs[t] = -1.0;
+                s.ref_logprobs[t] = -1.0 - 0.1 * (i as f32 + 1.0) * s.loss_mask[t];
+            }
+        }
+        batch
+    }
+
+    /// verl's `apply_kl_penalty` by hand: penalties `beta * kl` on trained tokens, the step's KL
+    /// the mean over trajectories of their mean per token, the adaptive coefficient moved by it.
+    #[test]
+    fn kl_in_reward_charges_every_trained_token_and_moves_the_coefficient() {
+        let batch = samples_with_kl();
+        let adaptive =
+            KlCtrlConfig { kind: KlCtrlType::Adaptive, kl_coef: 0.2, target_kl: 0.1, horizon: 40.0 };
+        let mut ctrl = KlController::new(adaptive);
+        let (penalties, kl, beta) = reward_kl_penalties(&batch, KlEstimator::K1, &mut ctrl);
+        assert_eq!(beta, 0.2);
+        assert!((kl - 0.25).abs() < 1e-6, "mean of 0.1, 0.2, 0.3, 0.4: {kl}");
+        // error clip(0.25 / 0.1 - 1, ±0.2) = 0.2 over 4 of 40 trajectories: x1.02.
+        assert!((ctrl.value() - 0.204).abs() < 1e-9, "{}", ctrl.value());
+        for (i, (s, p)) in batch.iter().zip(&penalties).enumerate() {
+            for (t, (&penalty, &mask)) in p.iter().zip(&s.loss_mask).enumerate() {
+                let expected = 0.2 * 0.1 * (i as f32 + 1.0) * mask;
+                assert!((penalty - expected).abs() < 1e-7, "sample {i} token {t}: {penalty} vs {expected}");
+            }
+        }
+        // Dr. GRPO's advantage: the score less the trajectory's penalties (4 trained tokens each),
+        // less the group's mean: group 0 scores 0 - 0.08 and 1 - 0.16.
+        let mut outcome = samples_with_kl();
+        advantages(&mut outcome, &config(AdvantageEstimator::Drgrpo), Some(&penalties));
+        let first = outcome[0].last_trained().unwrap();
+        assert!((outcome[0].advantages[first] + 0.46).abs() < 1e-6, "{:?}", outcome[0].advantages);
+        assert!((outcome[1].advantages[first] - 0.46).abs() < 1e-6, "{:?}", outcome[1].advantages);
+        // GAE (no critic values, gamma = lam = 1): each trained token's return is the reward still
+        // to come less the penalties still to come; observation tokens are charged nothing.
+        let mut gae_samples = samples_with_kl();
+        advantages(&mut gae_samples, &config(AdvantageEstimator::Gae), Some(&penalties));
+        let s = &gae_samples[1];
+        let trained: Vec<usize> = (0..s.len()).filter(|&t| s.loss_mask[t] > 0.0).collect();
+        for (k, &t) in trained.iter().enumerate() {
+            let expected = 1.0 - 0.04 * (trained.len() - k) as f32;
+            assert!((s.returns[t] - expected).abs() < 1e-6, "token {t}: {} vs {expected}", s.returns[t]);
+        }
+    }
+
+    /// A learner stepping with `kl_in_reward` records the penalty and its coefficient, which the
+    /// adaptive controller then moves; without a KL loss `actor/kl` is absent, not 0.
+    #[test]
+    fn a_step_with_kl_in_reward_records_it_and_no_kl_loss_records_no_kl() {
+        let mut config = config(AdvantageEstimator::Grpo);
+        config.algorithm.kl_loss = None;
+        config.algorithm.kl_in_reward = true;
+        config.algorithm.kl_ctrl =
+            KlCtrlConfig { kind: KlCtrlType::Adaptive, kl_coef: 0.05, target_kl: 1.0, horizon: 4.0 };
+        let mut learner = learner_with(false, Kind::Float, &config, None);
+        let mut batch = samples(30);
+        let record = learner.step(&mut batch, &config, 0).unwrap();
+        assert_eq!(record.get(&keys::ACTOR_REWARD_KL_PENALTY_COEFF), Some(0.05));
+        let kl = record.get(&keys::ACTOR_REWARD_KL_PENALTY).unwrap();
+        assert!((0.0..0.5).contains(&kl), "the policy starts as the reference: {kl}");
+        // Far below the target: the error is -0.2, over 4 trajectories of a horizon of 4.
+        assert!((learner.kl_ctrl.as_ref().unwrap().value() - 0.04).abs() < 1e-9);
+        assert_eq!(record.get(&keys::ACTOR_KL), None, "no KL loss, no actor/kl");
+        config.algorithm.kl_in_reward = false;
+        config.algorithm.kl_loss = Some(KlEstimator::LowVarKl);
+        let record =
+            learner_with(false, Kind::Float, &config, None).step(&mut samples(30), &config, 0).unwrap();
+        assert!(record.get(&keys::ACTOR_KL).is_some());
+        assert_eq!(record.get(&keys::ACTOR_REWARD_KL_PENALTY), None);
+    }
+
+    /// With a buffer of 4 tokens and room for 11 (15 less a 4-token prompt), the 7-token responses
+    /// are exactly at the buffer's start (no penalty) until the room shrinks; a masked truncated
+    /// sample trains nothing and moves nothing, but still sets its group's baseline.
+    #[test]
+    fn overlong_penalises_by_length_and_masks_truncated_samples() {
+        let buffer = OverlongBuffer { len: 4, penalty_factor: 1.0 };
+        let penalised = OverlongConfig { mask: false, buffer: Some(buffer) };
+        let mut batch = samples(30);
+        let mut record = StepRecord::default();
+        overlong(&mut batch, &penalised, 15, &mut record);
+        assert_eq!(batch.iter().map(|s| s.reward).collect::<Vec<_>>(), [0.0, 1.0, 0.0, 1.0]);
+        let mut batch = samples(30);
+        // Room for 9: expected 5, the 7 tokens exceed it by 2 of 4: -0.5 each.
+        overlong(&mut batch, &penalised, 13, &mut record);
+        assert_eq!(batch.iter().map(|s| s.reward).collect::<Vec<_>>(), [-0.5, 0.5, -0.5, 0.5]);
+        assert_eq!(record.get(&keys::OVERLONG_PENALTY_MEAN), Some(-0.5));
+        assert_eq!(record.get(&keys::OVERLONG_TRUNCATED_SHARE), Some(0.0));
+
+        let mut batch = samples(30);
+        batch[1].truncated = true;
+        overlong(&mut batch, &OverlongConfig { mask: true, buffer: None }, 15, &mut record);
+        assert_eq!(record.get(&keys::OVERLONG_TRUNCATED_SHARE), Some(0.25));
+        assert_eq!(batch[1].trained_tokens(), 0);
+        assert_eq!(batch[0].trained_tokens(), 4);
+        advantages(&mut batch, &config(AdvantageEstimator::Drgrpo), None);
+        assert!(batch[1].advantages.iter().all(|&a| a == 0.0), "a masked sample gets no advantage");
+        let last = batch[0].last_trained().unwrap();
+        assert_eq!(batch[0].advantages[last], -0.5, "its reward still enters the group's mean");
+    }
+
+    /// AReaL's decoupled PPO with the behaviour policy equal to the proximal one (a synchronous
+    /// run) is PPO to the bit; a behaviour policy far from it drops the tokens above the cap
+    /// and changes the update.
+    #[test]
+    fn decoupled_ppo_reduces_to_ppo_when_the_behaviour_is_the_proximal_policy() {
+        let ppo = config(AdvantageEstimator::Grpo);
+        let mut decoupled = ppo.clone();
+        decoupled.algorithm.decoupled = true;
+        decoupled.algorithm.behav_imp_weight_cap = Some(5.0);
+        let mut batch = samples(30);
+        learner(false).score(&mut batch, &ppo).unwrap();
+        for s in &mut batch {
+            for t in 0..s.len() {
+                if s.rollout_logprobs[t] != 0.0 {
+                    s.rollout_logprobs[t] = s.old_logprobs[t];
+                }
+            }
+        }
+        let step = |config: &TrainConfig, batch: &[Sample]| {
+            let mut l = learner(false);
+            let record = l.step(&mut batch.to_vec(), config, 0).unwrap();
+            (parameters(&l), record)
+        };
+        let (ppo_params, ppo_record) = step(&ppo, &batch);
+        let (dec_params, dec_record) = step(&decoupled, &batch);
+        assert_eq!(max_abs_difference(&ppo_params, &dec_params), 0.0);
+        assert_eq!(ppo_record.get(&keys::ACTOR_PG_LOSS), dec_record.get(&keys::ACTOR_PG_LOSS));
+        assert_eq!(ppo_record.get(&keys::ACTOR_IS_WEIGHT_MEAN), None, "no correction, no weights");
+        assert_eq!(dec_record.get(&keys::ACTOR_IS_WEIGHT_MEAN), Some(1.0));
+        assert_eq!(dec_record.get(&keys::ACTOR_IS_DROPPED), Some(0.0));
+        // One token per sample sampled by a policy 3 nats less likely: weight e^3 > 5, dropped.
+        for s in &mut batch {
+            let t = s.last_trained().unwrap();
+            s.rollout_logprobs[t] -= 3.0;
+        }
+        let (stale_params, stale_record) = step(&decoupled, &batch);
+        assert!(max_abs_difference(&ppo_params, &stale_params) > 0.0);
+        let dropped = stale_record.get(&keys::ACTOR_IS_DROPPED).unwrap();
+        assert!((dropped - 0.25).abs() < 1e-6, "one of each sample's 4 trained tokens: {dropped}");
     }
 
     #[test]

@@ -21,6 +21,15 @@ impl EnvConfig {
     pub fn runs_python(&self) -> bool {
         matches!(self, EnvConfig::Tir(tir) if tir.tools.contains(&Tool::Python))
     }
+
+    /// Most tokens in a trajectory, prompt included (reaching it truncates the episode).
+    pub fn max_trajectory_tokens(&self) -> usize {
+        match self {
+            EnvConfig::SearchR1(c) => c.max_trajectory_tokens,
+            EnvConfig::Asearcher(c) => c.max_trajectory_tokens,
+            EnvConfig::Tir(c) => c.max_length,
+        }
+    }
 }
 
 impl Default for EnvConfig {

@@ -216,15 +216,99 @@ pub struct AlgorithmConfig {
     pub kl_coef: f64,
     /// Coefficient of the entropy bonus (0: entropy is only a metric).
     pub entropy_coef: f64,
-    /// Cap of truncated importance sampling of rollout against recomputed old logprobs (`null`:
-    /// off).
+    /// Cap of truncated importance sampling (slime, verl): each token's loss weighted by
+    /// `min(exp(old - rollout), tis_cap)`, the engine's log-probabilities against the recomputed
+    /// ones (`null`: off).
     pub tis_cap: Option<f64>,
+    /// Decoupled PPO (AReaL): the clip is taken against the proximal policy (the log-probabilities
+    /// recomputed before the update) and each token's loss is weighted by
+    /// `exp(proximal - behaviour)`, the behaviour policy being the engine's log-probabilities of
+    /// whatever version sampled the token; tokens whose weight exceeds `behav_imp_weight_cap`
+    /// are dropped.
+    pub decoupled: bool,
+    /// AReaL's cap of the decoupled importance weight (`null`: none).
+    pub behav_imp_weight_cap: Option<f64>,
     /// Drop groups whose rewards are all equal, over-sampling prompts to keep the batch full.
     pub filter_groups: bool,
     /// Keep observation tokens out of the loss (false reproduces the Search-R1 ablation).
     pub mask_observations: bool,
     /// PPO epochs over each batch.
     pub ppo_epochs: u32,
+    /// Subtract `beta * KL(policy || reference)` from each token's reward before the advantages
+    /// (verl's `use_kl_in_reward`, Search-R1's PPO recipe); `beta` from `kl_ctrl`.
+    pub kl_in_reward: bool,
+    /// KL estimator of the penalty in the reward.
+    pub kl_penalty: KlEstimator,
+    /// The coefficient of the penalty in the reward and how it moves.
+    pub kl_ctrl: KlCtrlConfig,
+    /// What happens to trajectories that ran long (DAPO).
+    pub overlong: OverlongConfig,
+}
+
+/// DAPO's over-long handling.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct OverlongConfig {
+    /// Truncated trajectories get no policy loss (DAPO's over-long filtering); the critic still
+    /// learns their values.
+    pub mask: bool,
+    /// DAPO's soft over-long punishment (verl's `overlong_buffer`).
+    pub buffer: Option<OverlongBuffer>,
+}
+
+/// A linear penalty over the last `len` tokens of a trajectory's room: a response of `l` tokens,
+/// with room for `max` (the env's trajectory limit less the prompt), adds
+/// `min(-(l - (max - len)) / len * penalty_factor, 0)` to the reward.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OverlongBuffer {
+    /// Tokens before the limit where the penalty starts.
+    pub len: usize,
+    /// The penalty at the limit.
+    #[serde(default = "default_overlong_penalty")]
+    pub penalty_factor: f64,
+}
+
+fn default_overlong_penalty() -> f64 {
+    1.0
+}
+
+impl OverlongBuffer {
+    /// The penalty of a response of `response_len` tokens with room for `max_response` tokens.
+    pub fn penalty(&self, response_len: usize, max_response: usize) -> f64 {
+        let expected = max_response.saturating_sub(self.len) as f64;
+        let exceed = response_len as f64 - expected;
+        (-exceed / self.len as f64 * self.penalty_factor).min(0.0)
+    }
+}
+
+/// verl's `algorithm.kl_ctrl`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct KlCtrlConfig {
+    /// `fixed` keeps `kl_coef`; `adaptive` moves it toward `target_kl`.
+    #[serde(rename = "type")]
+    pub kind: KlCtrlType,
+    /// The initial coefficient.
+    pub kl_coef: f64,
+    /// The KL per trajectory the adaptive controller aims at.
+    pub target_kl: f64,
+    /// Trajectories over which the adaptive controller closes a 20% error.
+    pub horizon: f64,
+}
+
+impl Default for KlCtrlConfig {
+    fn default() -> Self {
+        KlCtrlConfig { kind: KlCtrlType::Fixed, kl_coef: 0.001, target_kl: 0.1, horizon: 10000.0 }
+    }
+}
+
+/// How the KL coefficient of the reward moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KlCtrlType {
+    Fixed,
+    Adaptive,
 }
 
 impl Default for AlgorithmConfig {
@@ -241,9 +325,15 @@ impl Default for AlgorithmConfig {
             kl_coef: 0.001,
             entropy_coef: 0.0,
             tis_cap: None,
+            decoupled: false,
+            behav_imp_weight_cap: None,
             filter_groups: false,
             mask_observations: true,
             ppo_epochs: 1,
+            kl_in_reward: false,
+            kl_penalty: KlEstimator::K1,
+            kl_ctrl: KlCtrlConfig::default(),
+            overlong: OverlongConfig::default(),
         }
     }
 }
@@ -625,6 +715,42 @@ impl TrainConfig {
         if a.ppo_epochs == 0 {
             return err("algorithm.ppo_epochs", &a.ppo_epochs, "must be at least 1");
         }
+        if let Some(cap) = a.behav_imp_weight_cap
+            && !at_least(cap, 1.0)
+        {
+            return err("algorithm.behav_imp_weight_cap", &cap, "must be >= 1");
+        }
+        if a.decoupled && a.tis_cap.is_some() {
+            return err(
+                "algorithm.tis_cap",
+                &a.tis_cap.unwrap_or_default(),
+                "and algorithm.decoupled both weight tokens by the behaviour policy: use one (decoupled takes behav_imp_weight_cap)",
+            );
+        }
+        if let Some(buffer) = &a.overlong.buffer {
+            if buffer.len == 0 {
+                return err("algorithm.overlong.buffer.len", &0, "must be at least 1");
+            }
+            if !at_least(buffer.penalty_factor, 0.0) {
+                return err(
+                    "algorithm.overlong.buffer.penalty_factor",
+                    &buffer.penalty_factor,
+                    "must be >= 0",
+                );
+            }
+        }
+        let k = &a.kl_ctrl;
+        if !at_least(k.kl_coef, 0.0) {
+            return err("algorithm.kl_ctrl.kl_coef", &k.kl_coef, "must be >= 0");
+        }
+        if k.kind == KlCtrlType::Adaptive {
+            if !above(k.target_kl, 0.0) {
+                return err("algorithm.kl_ctrl.target_kl", &k.target_kl, "must be positive");
+            }
+            if !above(k.horizon, 0.0) {
+                return err("algorithm.kl_ctrl.horizon", &k.horizon, "must be positive");
+            }
+        }
         if self.sharding == Sharding::Full && !self.activation_checkpointing {
             return err(
                 "sharding",
@@ -931,6 +1057,20 @@ mod tests {
             let error = c.validate().unwrap_err().to_string();
             assert!(error.starts_with(message), "{error}");
         }
+    }
+
+    /// DAPO's linear penalty: none up to `max - len`, then down to `-penalty_factor` at `max`.
+    #[test]
+    fn the_overlong_penalty_is_dapos() {
+        let buffer = OverlongBuffer { len: 100, penalty_factor: 0.5 };
+        assert_eq!(buffer.penalty(850, 1000), 0.0);
+        assert_eq!(buffer.penalty(900, 1000), 0.0);
+        assert!((buffer.penalty(950, 1000) + 0.25).abs() < 1e-12);
+        assert!((buffer.penalty(1000, 1000) + 0.5).abs() < 1e-12);
+        let c: AlgorithmConfig =
+            serde_json::from_str(r#"{"overlong": {"mask": true, "buffer": {"len": 64}}}"#).unwrap();
+        assert_eq!(c.overlong.buffer, Some(OverlongBuffer { len: 64, penalty_factor: 1.0 }));
+        assert!(c.overlong.mask);
     }
 
     #[test]
