@@ -292,6 +292,33 @@ fn with_interruptible_rollouts_every_update_aborts_the_generations_in_flight() {
     std::fs::remove_dir_all(&setup.dir).unwrap();
 }
 
+/// `max_staleness: k` keeps k batches in flight beyond the one trained: against slowed servers,
+/// no step trains a token more than k versions behind, and with k = 3 the run is asynchronous
+/// (a batch generated on version 0 is trained on a later one).
+#[test]
+fn no_trajectory_is_trained_more_than_max_staleness_versions_behind() {
+    const LONGER: u64 = 5;
+    let setup = Setup::start_slow("kart-sglang-staleness", 0.01);
+    for k in [0u64, 1, 3] {
+        let out = setup.dir.join(format!("out-{k}"));
+        let (succeeded, log) = setup.train(|config| {
+            config["output_dir"] = json!(out);
+            config["total_steps"] = json!(LONGER);
+            config["rollout"]["max_staleness"] = json!(k);
+            config["weight_sync"]["path"] = json!(setup.dir.join(format!("weights-{k}")));
+        });
+        assert!(succeeded, "max_staleness {k}: {log}");
+        let records = step_records(&out);
+        assert_eq!(records.len() as u64, LONGER);
+        let worst = records.iter().map(|r| r["staleness/max"].as_f64().unwrap()).fold(0.0, f64::max);
+        assert!(worst <= k as f64, "max_staleness {k}: a token {worst} versions behind");
+        if k == 3 {
+            assert!(worst >= 1.0, "four batches in flight from version 0, yet no stale token");
+        }
+    }
+    std::fs::remove_dir_all(&setup.dir).unwrap();
+}
+
 #[test]
 fn a_generation_an_update_interrupts_goes_on_from_its_prefix_on_the_new_weights() {
     // A token every 0.05 s, so the update lands in the middle of a generation.

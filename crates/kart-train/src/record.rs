@@ -46,6 +46,8 @@ pub mod keys {
     /// Groups whose rollout failed, and groups dropped for rewards without variance.
     pub const GROUPS_FAILED: Key = Key::fixed("groups/failed");
     pub const GROUPS_FILTERED: Key = Key::fixed("groups/filtered");
+    /// Groups generated per group kept (`filter_groups`: what the over-sampling cost).
+    pub const GROUPS_GENERATED_PER_KEPT: Key = Key::fixed("groups/generated_per_kept");
     /// Wall time of the step's phases, in seconds.
     pub const TIMING_ROLLOUT: Key = Key::fixed("timing/rollout_s");
     pub const TIMING_UPDATE: Key = Key::fixed("timing/update_s");

@@ -100,6 +100,8 @@ struct Batch {
     groups: Vec<Group>,
     failed: usize,
     filtered: usize,
+    /// Groups the pool returned, kept, filtered out or beyond the batch.
+    generated: usize,
     cursor: Sampler,
     rollout_secs: f64,
 }
@@ -125,10 +127,12 @@ impl Collector {
         if let Some(replay) = &self.replay {
             let groups = replay.groups(step + 1)?;
             let cursor = *self.sampler.lock().expect("sampler lock");
-            return Ok(Batch { groups, failed: 0, filtered: 0, cursor, rollout_secs: 0.0 });
+            let generated = groups.len();
+            return Ok(Batch { groups, failed: 0, filtered: 0, generated, cursor, rollout_secs: 0.0 });
         }
         let needed = c.batch.prompts;
         let (mut groups, mut failed, mut filtered, mut last_error) = (Vec::new(), 0, 0, String::new());
+        let mut generated = 0;
         let mut cursor = *self.sampler.lock().expect("sampler lock");
         for round in 0..=FILTER_ROUNDS {
             let want = needed - groups.len();
@@ -149,6 +153,7 @@ impl Collector {
             };
             let mut stream = self.pool.rollout(request);
             while let Some(item) = stream.next().await {
+                generated += usize::from(item.is_ok());
                 match item {
                     Ok(g) if c.algorithm.filter_groups && !has_variance(&g) => filtered += 1,
                     Ok(g) => groups.push(g),
@@ -171,7 +176,8 @@ impl Collector {
             return Err(TrainError::Rollout { step, reason });
         }
         groups.truncate(needed);
-        Ok(Batch { groups, failed, filtered, cursor, rollout_secs: started.elapsed().as_secs_f64() })
+        let rollout_secs = started.elapsed().as_secs_f64();
+        Ok(Batch { groups, failed, filtered, generated, cursor, rollout_secs })
     }
 }
 
@@ -451,6 +457,10 @@ impl Trainer {
         record.set(keys::STEP, (self.step + 1) as f64);
         record.set(keys::GROUPS_FAILED, batch.failed as f64);
         record.set(keys::GROUPS_FILTERED, batch.filtered as f64);
+        if self.config.algorithm.filter_groups {
+            let kept = batch.groups.len().max(1) as f64;
+            record.set(keys::GROUPS_GENERATED_PER_KEPT, (batch.generated as f64) / kept);
+        }
         let tokens: usize = samples.iter().map(Sample::len).sum();
         let update_started = Instant::now();
         let step = self.step;
@@ -887,4 +897,88 @@ fn open_outputs(
     super::metrics::restart(&dump_path, resumed)
         .map_err(|source| TrainError::Io { path: dump_path.clone(), source })?;
     Ok((log, config.dump_rollouts.then(|| RolloutDump::new(&dump_path, tokenizer.clone()))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::PoolError;
+    use futures::stream::{self, BoxStream};
+    use kart_core::agent::trajectory::Trajectory;
+    use kart_core::config::train::BatchConfig;
+
+    /// A pool whose groups have rewards without variance for prompts with an even index
+    /// (`p0`, `p2`, …), and 0/1 rewards otherwise; it counts the prompts asked for.
+    #[derive(Default)]
+    struct Scripted {
+        asked: Mutex<usize>,
+    }
+
+    impl RolloutPool for Scripted {
+        fn rollout(&self, request: RolloutRequest) -> BoxStream<'static, Result<Group, PoolError>> {
+            *self.asked.lock().unwrap() += request.prompts.len();
+            let groups: Vec<_> = request
+                .prompts
+                .iter()
+                .map(|task| {
+                    let index: usize =
+                        task.id.trim_start_matches('p').split('~').next().unwrap().parse().unwrap();
+                    let trajectories = (0..request.n)
+                        .map(|i| {
+                            let mut t = Trajectory::new(format!("{}-{i}", task.id), task.id.clone(), &[1, 2]);
+                            t.reward = if index.is_multiple_of(2) { 1.0 } else { (i % 2) as f64 };
+                            t
+                        })
+                        .collect();
+                    Ok(Group { prompt_id: task.id.clone(), data_source: "nq".into(), trajectories })
+                })
+                .collect();
+            Box::pin(stream::iter(groups))
+        }
+    }
+
+    fn collector(pool: Arc<Scripted>, filter_groups: bool) -> Collector {
+        let mut config = TrainConfig {
+            batch: BatchConfig { prompts: 4, n: 2, mini_batch_prompts: 4, ..BatchConfig::default() },
+            ..TrainConfig::default()
+        };
+        config.algorithm.filter_groups = filter_groups;
+        let prompts = (0..40)
+            .map(|i| Task {
+                id: format!("p{i}"),
+                messages: None,
+                prompt: Some("q".into()),
+                ground_truth: vec!["a".into()],
+                data_source: "nq".into(),
+            })
+            .collect();
+        Collector {
+            pool,
+            prompts: Arc::new(prompts),
+            sampler: Arc::new(Mutex::new(Sampler::new(3))),
+            config: Arc::new(config),
+            replay: None,
+        }
+    }
+
+    /// Half the prompts give groups without variance: with `filter_groups` they are dropped and
+    /// the batch refilled by over-sampling (twice what is missing per round), every kept group has
+    /// variance, and the counts add up; without it they are kept.
+    #[tokio::test]
+    async fn filtered_groups_are_replaced_by_over_sampling() {
+        let pool = Arc::new(Scripted::default());
+        let batch = collector(pool.clone(), true).collect(0, 0).await.unwrap();
+        assert_eq!(batch.groups.len(), 4);
+        assert!(batch.groups.iter().all(has_variance), "a kept group without variance");
+        assert!(batch.filtered > 0);
+        let asked = *pool.asked.lock().unwrap();
+        assert_eq!(batch.generated, asked, "every group the pool made is counted");
+        assert!(batch.generated >= batch.groups.len() + batch.filtered);
+        assert!(asked > 4, "it over-sampled");
+
+        let pool = Arc::new(Scripted::default());
+        let batch = collector(pool.clone(), false).collect(0, 0).await.unwrap();
+        assert_eq!((batch.groups.len(), batch.filtered, batch.generated), (4, 0, 4));
+        assert!(batch.groups.iter().any(|g| !has_variance(g)), "kept as they came");
+    }
 }
