@@ -2,7 +2,7 @@
 //! the summary reports the before/after figures.
 
 use kart_tests::binary;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::process::Command;
 
 #[test]
@@ -29,20 +29,23 @@ fn help_exposes_world_model_steps_algorithm_seed_and_output() {
 fn small_run_writes_model_chart_metrics_and_summary() {
     let dir = std::env::temp_dir().join(format!("kart-local-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let run = || {
+    let run = |extra: &[&str]| {
         Command::new(binary("kart"))
             .args(["local", "--persons", "400", "--rl-questions", "20", "--hidden", "32", "--layers", "1"])
             .args(["--vocab", "600"])
             .args(["--copy-drills", "3", "--warm-steps", "6", "--warm-batch", "4"])
             .args(["--steps", "2", "--prompts", "2", "--n", "2"])
-            .args(["--eval-questions", "8", "--seed", "5", "--out"])
+            .args(["--eval-questions", "8", "--seed", "5"])
+            .args(extra)
+            .arg("--out")
             .arg(&dir)
             .output()
             .unwrap()
     };
-    // A second run into the same folder replaces the first one's records, none left behind.
-    assert!(run().status.success());
-    let output = run();
+    // A second run into the same folder replaces the first one's records, none left behind; it
+    // runs one batch ahead of the one trained, with decoupled PPO.
+    assert!(run(&[]).status.success());
+    let output = run(&["--max-staleness", "1"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("after warm start") && stdout.contains("exact match (greedy)"), "{stdout}");
@@ -81,8 +84,21 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert!(dir.join("model/config.json").is_file() && dir.join("model/tokenizer.json").is_file());
     let png = std::fs::read(dir.join("chart.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    let steps = std::fs::read_to_string(dir.join("rl/metrics.jsonl")).unwrap().lines().count();
-    assert_eq!(steps, 3, "the evaluation before RL and two steps");
+    let records: Vec<Value> = std::fs::read_to_string(dir.join("rl/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 3, "the evaluation before RL and two steps");
+    // Both batches were rolled out on version 0: the second is trained one version behind.
+    assert_eq!(records[2]["staleness/max"], 1.0, "{:?}", records[2]);
+    assert!(records[1..].iter().all(|r| r["actor/is_weight_mean"].is_number()), "decoupled PPO: {records:?}");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("train-config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (&config["rollout"]["max_staleness"], &config["algorithm"]["decoupled"]),
+        (&json!(1), &json!(true))
+    );
     let rollouts = std::fs::read_to_string(dir.join("rl/rollouts.jsonl")).unwrap().lines().count();
     assert_eq!(rollouts, 2 * 2 * 2, "two steps of two questions times two trajectories");
     for file in

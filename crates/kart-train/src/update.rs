@@ -1252,6 +1252,25 @@ mod tests {
         assert_eq!(record.get(&keys::ACTOR_REWARD_KL_PENALTY), None);
     }
 
+    /// `algorithm.kl_penalty` picks the estimator of the reward's KL: once a step moved the policy
+    /// off the reference, `abs` charges the mean of |old - ref|, more than k1's mean of the
+    /// signed differences.
+    #[test]
+    fn the_reward_kl_uses_the_configured_estimator() {
+        let kl_after_two_steps = |estimator| {
+            let mut config = config(AdvantageEstimator::Grpo);
+            config.algorithm.kl_loss = None;
+            config.algorithm.kl_in_reward = true;
+            config.algorithm.kl_penalty = estimator;
+            let mut learner = learner_with(false, Kind::Float, &config, None);
+            learner.step(&mut samples(30), &config, 0).unwrap();
+            learner.step(&mut samples(30), &config, 1).unwrap().get(&keys::ACTOR_REWARD_KL_PENALTY).unwrap()
+        };
+        let (k1, abs) = (kl_after_two_steps(KlEstimator::K1), kl_after_two_steps(KlEstimator::Abs));
+        assert!(abs > 0.0, "the first step moved the policy: {abs}");
+        assert!(abs > k1.abs(), "abs {abs} vs k1 {k1}");
+    }
+
     /// With a buffer of 4 tokens and room for 11 (15 less a 4-token prompt), the 7-token responses
     /// are exactly at the buffer's start (no penalty) until the room shrinks; a masked truncated
     /// sample trains nothing and moves nothing, but still sets its group's baseline.
