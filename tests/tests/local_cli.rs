@@ -16,6 +16,8 @@ fn help_exposes_world_model_steps_algorithm_seed_and_output() {
         "--layers",
         "--copy-drills",
         "--warm-steps",
+        "--probe-rounds",
+        "--dynamic-sampling",
         "--steps",
         "--algorithm",
         "--seed",
@@ -36,6 +38,8 @@ fn small_run_writes_model_chart_metrics_and_summary() {
             .args(["--copy-drills", "3", "--warm-steps", "6", "--warm-batch", "4"])
             .args(["--steps", "2", "--prompts", "2", "--n", "2"])
             .args(["--eval-questions", "8", "--seed", "5"])
+            // A model this small earns no reward: with dynamic sampling every group would be dropped.
+            .args(["--dynamic-sampling", "false"])
             .args(extra)
             .arg("--out")
             .arg(&dir)
@@ -52,6 +56,9 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert!(stdout.contains("mean reward (sampled, T = 1)"), "{stdout}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("9 updates (3 on copy drills)"), "{stderr}");
+    // The probe finds a model this small copying nothing: two extra rounds (a sixth of the 3
+    // drill updates, none, and a quarter of the 6 gold ones, one), then it says so plainly.
+    assert!(stdout.contains("copy probe") && stdout.contains("FAILED after 2 extra"), "{stdout}");
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["seed"], 5);
@@ -68,19 +75,24 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert_eq!(summary["settings"]["copy_drills"], 3);
     assert_eq!(summary["settings"]["warm_steps"], 6);
     assert_eq!(summary["settings"]["year_guess_share"], 0.5);
-    // One loss per warm-start update, drills first; the summary's loss is the mean of the last.
+    let probe = &summary["copy_probe"];
+    assert_eq!((&probe["passed"], &probe["extra_rounds"]), (&json!(false), &json!(2)), "{probe}");
+    assert!(probe["values"].as_u64().unwrap() > 0 && probe["copied"].as_u64().unwrap() == 0, "{probe}");
+    // One loss per warm-start update, drills first, the extra rounds' last; the summary's loss is
+    // the mean of the last tenth (two of eleven).
     let losses: Vec<Value> = std::fs::read_to_string(dir.join("warm-start.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let pools: Vec<&str> = losses.iter().map(|l| l["pool"].as_str().unwrap()).collect();
-    assert_eq!(pools, [["copy-drill"; 3].as_slice(), &["gold"; 6]].concat());
+    assert_eq!(pools, [["copy-drill"; 3].as_slice(), &["gold"; 6 + 2]].concat());
     assert_eq!(
         losses.iter().map(|l| l["update"].as_u64().unwrap()).collect::<Vec<_>>(),
-        (1..=9).collect::<Vec<_>>()
+        (1..=11).collect::<Vec<_>>()
     );
-    assert_eq!(summary["warm_start_loss"], losses[8]["loss"]);
+    let last_tenth = (losses[9]["loss"].as_f64().unwrap() + losses[10]["loss"].as_f64().unwrap()) / 2.0;
+    assert!((summary["warm_start_loss"].as_f64().unwrap() - last_tenth).abs() < 1e-9, "{summary}");
     assert!(dir.join("model/config.json").is_file() && dir.join("model/tokenizer.json").is_file());
     let png = std::fs::read(dir.join("chart.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
@@ -99,6 +111,8 @@ fn small_run_writes_model_chart_metrics_and_summary() {
         (&config["rollout"]["max_staleness"], &config["algorithm"]["decoupled"]),
         (&json!(1), &json!(true))
     );
+    assert_eq!(config["algorithm"]["filter_groups"], false, "--dynamic-sampling false");
+    assert_eq!(config["algorithm"]["kl_loss"], "low_var_kl", "a KL loss to the warm-started policy");
     let rollouts = std::fs::read_to_string(dir.join("rl/rollouts.jsonl")).unwrap().lines().count();
     assert_eq!(rollouts, 2 * 2 * 2, "two steps of two questions times two trajectories");
     for file in

@@ -5,6 +5,7 @@
 use anyhow::Context;
 use clap::Args;
 use kart::local::copy_drill::copy_drills;
+use kart::local::copy_probe::{self, CopyProbe, ProbeSet};
 use kart::local::gold::GoldConfig;
 use kart::local::warm_start::{self, WarmStart};
 use kart::local::world::{DatasetPaths, World, WorldConfig};
@@ -82,6 +83,11 @@ pub struct LocalArgs {
     /// Warm-start learning rate.
     #[arg(long, default_value_t = 2e-3)]
     warm_lr: f64,
+    /// Extra warm-start rounds while the copy probe fails (values of RL questions' passages the
+    /// warm start never trained on, copied teacher-forced): each round a sixth of the copy
+    /// drills and a quarter of the gold updates at half the learning rate (0: probe only).
+    #[arg(long, default_value_t = 2)]
+    probe_rounds: u32,
     /// Share of imperfect gold trajectories (wrong query, no search, first hop only).
     #[arg(long, default_value_t = GoldConfig::default().corrupt_share)]
     corrupt_share: f64,
@@ -111,6 +117,10 @@ pub struct LocalArgs {
     /// Sampling temperature of training rollouts.
     #[arg(long, default_value_t = 1.0)]
     temperature: f64,
+    /// DAPO's dynamic sampling: train only groups whose rewards differ, over-sampling questions
+    /// to refill the step (a step where every group of every round has equal rewards fails).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    dynamic_sampling: bool,
     /// Batches rolled out ahead of the one trained (0: synchronous; k: tokens up to k policy
     /// versions old are trained, with decoupled PPO).
     #[arg(long, default_value_t = 0)]
@@ -135,12 +145,14 @@ struct Config {
     init_std: f64,
     vocab: usize,
     warm_start: WarmStart,
+    probe_rounds: u32,
     rl_steps: u64,
     prompts: usize,
     n: usize,
     algorithm: AdvantageEstimator,
     rl_lr: f64,
     temperature: f64,
+    dynamic_sampling: bool,
     max_staleness: u64,
     eval_questions: usize,
     eval_samples: usize,
@@ -183,15 +195,27 @@ pub struct LocalSummary {
     /// loss is in `warm_start_losses`.
     pub warm_start_loss: f64,
     pub warm_start_losses: PathBuf,
+    /// The copy probe at the end of the warm start.
+    pub copy_probe: ProbeOutcome,
     pub after_warm_start: Figures,
     pub after_rl: Figures,
-    /// Mean reward of training rollouts (sampled at the training temperature) in the first and
-    /// last RL steps.
+    /// Mean reward of the trained rollouts (sampled at the training temperature; with dynamic
+    /// sampling, of the groups kept) in the first and last RL steps.
     pub train_reward_first: Option<f64>,
     pub train_reward_last: Option<f64>,
     pub model_dir: PathBuf,
     pub chart: PathBuf,
     pub metrics: PathBuf,
+}
+
+/// The copy probe's last result, and the extra warm-start rounds it took.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeOutcome {
+    #[serde(flatten)]
+    pub probe: CopyProbe,
+    pub share: f64,
+    pub passed: bool,
+    pub extra_rounds: u32,
 }
 
 const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -205,6 +229,22 @@ pub fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
 fn print_table(s: &LocalSummary) {
     let (a, b) = (&s.after_warm_start, &s.after_rl);
     println!();
+    let p = &s.copy_probe;
+    let verdict = match (p.passed, p.extra_rounds) {
+        (true, 0) => "passed".to_string(),
+        (true, n) => format!("passed after {n} extra warm-start round(s)"),
+        (false, n) => format!(
+            "FAILED after {n} extra warm-start round(s): the model does not copy what it reads, and RL \
+             has little reward to reinforce"
+        ),
+    };
+    println!(
+        "warm-start copy probe: {} of {} values copied ({:.0}%, pass at {:.0}%): {verdict}",
+        p.probe.copied,
+        p.probe.values,
+        100.0 * p.share,
+        100.0 * copy_probe::PASS_SHARE
+    );
     println!("held-out                          after warm start   after RL");
     println!("exact match (greedy)              {:>16.3} {:>10.3}", a.exact_match, b.exact_match);
     println!("mean reward (greedy)              {:>16.3} {:>10.3}", a.mean_reward, b.mean_reward);
@@ -217,7 +257,8 @@ fn print_table(s: &LocalSummary) {
     );
     println!("valid format (greedy)             {:>16.3} {:>10.3}", a.valid_format, b.valid_format);
     if let (Some(first), Some(last)) = (s.train_reward_first, s.train_reward_last) {
-        println!("training reward (sampled, first -> last RL step): {first:.3} -> {last:.3}");
+        let trained = if s.settings.dynamic_sampling { "groups kept, " } else { "" };
+        println!("training reward (sampled, {trained}first -> last RL step): {first:.3} -> {last:.3}");
     }
     println!(
         "seed {}, {:.0} s; model {}, chart {}, summary {}",
@@ -280,12 +321,14 @@ impl Config {
                     ..GoldConfig::default()
                 },
             },
+            probe_rounds: args.probe_rounds,
             rl_steps: args.steps,
             prompts: args.prompts,
             n: args.n,
             algorithm: args.algorithm,
             rl_lr: args.lr,
             temperature: args.temperature,
+            dynamic_sampling: args.dynamic_sampling,
             max_staleness: args.max_staleness,
             eval_questions: args.eval_questions,
             eval_samples: args.eval_samples,
@@ -390,6 +433,7 @@ struct WarmStarted {
     loss: f64,
     /// `warm-start.jsonl`: each update's loss.
     losses: PathBuf,
+    probe: ProbeOutcome,
 }
 
 /// Stage 3: copy drills, then the gold trajectories (`warm-start-model/`, `warm-start.jsonl`).
@@ -411,20 +455,53 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
     let drills = copy_drills(&world.world, &tokenizer, ws.drill_steps as usize * ws.batch, config.seed)?;
     let progress = kart_train::progress::bar("warm start", ws.drill_steps + ws.steps, 0);
     let warm_started = Instant::now();
-    let updates = warm_start::train(&model, &drills, &trajectories, ws, config.seed, &progress);
+    let mut updates = warm_start::train(&model, &drills, &trajectories, ws, config.seed, &progress);
     progress.finish_and_clear();
+    eprintln!(
+        "warm start: {} updates ({} on copy drills) in {:.0} s, loss {:.3} per trained token at the end",
+        ws.drill_steps + ws.steps,
+        ws.drill_steps,
+        warm_started.elapsed().as_secs_f64(),
+        warm_start::end_loss(&updates)
+    );
+    let probe_set = ProbeSet::new(&world.world, &world.index, &tokenizer, &template, 3)?;
+    let round =
+        WarmStart { steps: ws.steps / 4, drill_steps: ws.drill_steps / 6, lr: ws.lr / 2.0, ..ws.clone() };
+    let (probe, extra_rounds) = copy_probe::train_until_copies(
+        || {
+            let probe = probe_set.measure(&model);
+            eprintln!(
+                "copy probe: {} of {} values copied ({:.0}%, pass at {:.0}%)",
+                probe.copied,
+                probe.values,
+                100.0 * probe.share(),
+                100.0 * copy_probe::PASS_SHARE
+            );
+            probe
+        },
+        config.probe_rounds,
+        |n| -> anyhow::Result<()> {
+            eprintln!(
+                "warm start: the model does not copy yet; extra round {n} of at most {} ({} drill and {} gold updates)",
+                config.probe_rounds, round.drill_steps, round.steps
+            );
+            let seed = config.seed.wrapping_add(u64::from(n) << 32);
+            let drills =
+                copy_drills(&world.world, &tokenizer, round.drill_steps as usize * round.batch, seed)?;
+            let progress =
+                kart_train::progress::bar("warm start, extra round", round.drill_steps + round.steps, 0);
+            updates.extend(warm_start::train(&model, &drills, &trajectories, &round, seed, &progress));
+            progress.finish_and_clear();
+            Ok(())
+        },
+    )?;
     let loss = warm_start::end_loss(&updates);
     let losses = config.out.join("warm-start.jsonl");
     write_losses(&losses, &updates)?;
-    eprintln!(
-        "warm start: {} updates ({} on copy drills) in {:.0} s, loss {loss:.3} per trained token at the end",
-        ws.drill_steps + ws.steps,
-        ws.drill_steps,
-        warm_started.elapsed().as_secs_f64()
-    );
+    let probe = ProbeOutcome { probe, share: probe.share(), passed: probe.passed(), extra_rounds };
     let model_dir = config.out.join("warm-start-model");
     save_pretrained(&model_dir, &model_config, &model.named_tensors(), Some(&base_dir), tch::Kind::Float)?;
-    Ok(WarmStarted { model_dir, loss, losses })
+    Ok(WarmStarted { model_dir, loss, losses, probe })
 }
 
 /// Stage 4: RL from `warm` through `kart train`'s trainer with its in-process pool, in `rl/`
@@ -444,11 +521,15 @@ async fn reinforce(config: &Config, world: &WorldOnDisk, warm: &Path) -> anyhow:
             test: Some(world.data.test.clone()),
             ..DataConfig::default()
         },
-        // Tokens sampled by older policies are weighted back to the proximal one (AReaL's
-        // decoupled PPO): without it a run with `--max-staleness 2` collapsed (EM 0.675 -> 0).
+        // Search-R1's GRPO recipe keeps a KL loss (low-variance estimator, 0.001) to the
+        // reference, here the warm-started policy, and DAPO's dynamic sampling trains only groups
+        // whose rewards differ, so a weak start's many all-zero groups neither dilute the step
+        // nor stand in for signal. Tokens sampled by older policies are weighted back to the
+        // proximal one (AReaL's decoupled PPO): without it a run with `--max-staleness 2`
+        // collapsed (EM 0.675 -> 0).
         algorithm: AlgorithmConfig {
             advantage: config.algorithm,
-            kl_loss: None,
+            filter_groups: config.dynamic_sampling,
             decoupled: config.max_staleness > 0,
             behav_imp_weight_cap: (config.max_staleness > 0).then_some(5.0),
             ..Default::default()
@@ -534,6 +615,7 @@ fn summarise(
         temperature: config.temperature,
         warm_start_loss: warm.loss,
         warm_start_losses: warm.losses,
+        copy_probe: warm.probe,
         after_warm_start: Figures::from(&first),
         after_rl: Figures::from(&last),
         train_reward_first: rewards.first().copied(),

@@ -7,9 +7,12 @@
 //!   supervised warm start;
 //! - [`copy_drill`]: copy drills, the model's first lesson (copying what it has read);
 //! - [`warm_start`]: the gold trajectories tokenised as rollouts tokenise them, and the
-//!   supervised training on the drills, then on them.
+//!   supervised training on the drills, then on them;
+//! - [`copy_probe`]: whether the warm-started model copies values from passages it never trained
+//!   on, and the bounded extra training while it does not.
 
 pub mod copy_drill;
+pub mod copy_probe;
 mod corpus;
 pub mod gold;
 mod names;

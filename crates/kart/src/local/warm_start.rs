@@ -5,7 +5,7 @@
 //! observation tokens a model could copy from earlier in the trajectory (never on the prompt).
 
 use super::gold::{GoldConfig, Segment};
-use super::world::World;
+use super::world::{Question, World};
 use indicatif::ProgressBar;
 use kart_core::agent::search_r1::PromptError;
 use kart_core::agent::search_r1::passages_to_string;
@@ -56,25 +56,39 @@ pub fn gold_trajectories(
     template: &ChatTemplate,
     topk: usize,
 ) -> Result<Vec<Trajectory>, GoldError> {
-    let mut out = Vec::with_capacity(world.warm_start.len());
-    for q in &world.warm_start {
-        let prompt = q.to_prompt().map_err(|source| GoldError::Prompt { id: q.id.clone(), source })?;
-        let text = template.render(&prompt.messages.unwrap_or_default(), true, serde_json::Value::Null)?;
-        let mut t = Trajectory::new(q.id.clone(), q.id.clone(), &tokenizer.encode(&text, false)?);
-        let search = |query: &str| {
-            let hits =
-                index.search_batch(&[query.to_string()], topk).map(|mut r| r.pop().unwrap_or_default());
-            passages_to_string(&hits.unwrap_or_default())
-        };
-        for segment in world.gold_trajectory(q, gold, search) {
-            match segment {
-                Segment::Model { turn, guess } => push_turn(&mut t, &turn, guess.as_deref(), tokenizer)?,
-                Segment::Env(text) => t.push_env(&tokenizer.encode(&text, false)?),
-            }
+    world
+        .warm_start
+        .iter()
+        .map(|q| gold_trajectory(world, q, gold, index, tokenizer, template, topk).map(|(t, _)| t))
+        .collect()
+}
+
+/// The gold trajectory of `question`, token-exact, with the segments it was made of.
+pub fn gold_trajectory(
+    world: &World,
+    question: &Question,
+    gold: &GoldConfig,
+    index: &dyn LocalIndex,
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    topk: usize,
+) -> Result<(Trajectory, Vec<Segment>), GoldError> {
+    let q = question;
+    let prompt = q.to_prompt().map_err(|source| GoldError::Prompt { id: q.id.clone(), source })?;
+    let text = template.render(&prompt.messages.unwrap_or_default(), true, serde_json::Value::Null)?;
+    let mut t = Trajectory::new(q.id.clone(), q.id.clone(), &tokenizer.encode(&text, false)?);
+    let search = |query: &str| {
+        let hits = index.search_batch(&[query.to_string()], topk).map(|mut r| r.pop().unwrap_or_default());
+        passages_to_string(&hits.unwrap_or_default())
+    };
+    let segments = world.gold_trajectory(q, gold, search);
+    for segment in &segments {
+        match segment {
+            Segment::Model { turn, guess } => push_turn(&mut t, turn, guess.as_deref(), tokenizer)?,
+            Segment::Env(text) => t.push_env(&tokenizer.encode(text, false)?),
         }
-        out.push(t);
     }
-    Ok(out)
+    Ok((t, segments))
 }
 
 /// Appends a model turn to `t`. A made-up `guess` is appended as if the environment had written
