@@ -238,13 +238,7 @@ fn print_table(s: &LocalSummary) {
              has little reward to reinforce"
         ),
     };
-    println!(
-        "warm-start copy probe: {} of {} values copied ({:.0}%, pass at {:.0}%): {verdict}",
-        p.probe.copied,
-        p.probe.values,
-        100.0 * p.share,
-        100.0 * copy_probe::PASS_SHARE
-    );
+    println!("warm-start copy probe: {}: {verdict}", p.probe);
     println!("held-out                          after warm start   after RL");
     println!("exact match (greedy)              {:>16.3} {:>10.3}", a.exact_match, b.exact_match);
     println!("mean reward (greedy)              {:>16.3} {:>10.3}", a.mean_reward, b.mean_reward);
@@ -470,13 +464,7 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
     let (probe, extra_rounds) = copy_probe::train_until_copies(
         || {
             let probe = probe_set.measure(&model);
-            eprintln!(
-                "copy probe: {} of {} values copied ({:.0}%, pass at {:.0}%)",
-                probe.copied,
-                probe.values,
-                100.0 * probe.share(),
-                100.0 * copy_probe::PASS_SHARE
-            );
+            eprintln!("copy probe: {probe}");
             probe
         },
         config.probe_rounds,

@@ -58,6 +58,20 @@ impl CopyProbe {
     }
 }
 
+/// "`copied` of `values` values copied (share, pass at the mark)".
+impl std::fmt::Display for CopyProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} values copied ({:.0}%, pass at {:.0}%)",
+            self.copied,
+            self.values,
+            100.0 * self.share(),
+            100.0 * PASS_SHARE
+        )
+    }
+}
+
 impl ProbeSet {
     /// The correct gold trajectories of the first [`PROBE_QUESTIONS`] RL questions, searched in
     /// `index` as the warm start searches, each with its value marked.
