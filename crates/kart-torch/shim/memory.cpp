@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 #ifdef KART_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -15,7 +16,9 @@
 namespace {
 
 // Counts the bytes of the CPU tensors alive and their peak; the memory itself comes from the
-// allocator it replaces.
+// allocator it replaces. Its data pointers are their own contexts, as PyTorch's raw interface
+// (`raw_allocate`, used by oneDNN's scratch buffers) requires: the inner allocation and its size
+// are found again by address when the memory is freed.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
@@ -23,14 +26,20 @@ class CountingCpuAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = inner_->allocate(n);
     void* data = inner.get();
+    if (data == nullptr) return inner;  // nothing allocated, nothing to count
     c10::Device device = inner.device();
-    auto* block = new Block{std::move(inner), n, this};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_.emplace(data, Block{std::move(inner), n});
+    }
     auto now = current_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
     auto peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
-    return {data, block, &CountingCpuAllocator::release, device};
+    return {data, data, &CountingCpuAllocator::release, device};
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingCpuAllocator::release; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
@@ -42,32 +51,44 @@ class CountingCpuAllocator final : public c10::Allocator {
     return peak;
   }
 
+  static CountingCpuAllocator* instance;
+
  private:
   struct Block {
     c10::DataPtr inner;
-    size_t bytes;
-    CountingCpuAllocator* owner;
+    size_t bytes = 0;
   };
 
-  static void release(void* context) {
-    auto* block = static_cast<Block*>(context);
-    block->owner->current_.fetch_sub(static_cast<int64_t>(block->bytes));
-    delete block;  // frees the memory through the inner allocator's deleter
+  static void release(void* data) {
+    auto* self = instance;
+    Block block;
+    {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      auto found = self->blocks_.find(data);
+      if (found == self->blocks_.end()) return;
+      block = std::move(found->second);
+      self->blocks_.erase(found);
+    }
+    self->current_.fetch_sub(static_cast<int64_t>(block.bytes));
+    // `block.inner` frees the memory through the inner allocator's deleter on leaving scope.
   }
 
   c10::Allocator* inner_;
+  std::mutex mutex_;
+  std::unordered_map<void*, Block> blocks_;
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
 };
 
+CountingCpuAllocator* CountingCpuAllocator::instance = nullptr;
+
 CountingCpuAllocator* counting() {
   static std::once_flag once;
-  static CountingCpuAllocator* allocator = nullptr;
   std::call_once(once, [] {
-    allocator = new CountingCpuAllocator(c10::GetCPUAllocator());
-    c10::SetCPUAllocator(allocator, /*priority=*/1);
+    CountingCpuAllocator::instance = new CountingCpuAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(CountingCpuAllocator::instance, /*priority=*/1);
   });
-  return allocator;
+  return CountingCpuAllocator::instance;
 }
 
 }  // namespace

@@ -49,6 +49,21 @@ mod tests {
     }
 
     #[test]
+    fn raw_allocations_pass_through_the_counter() {
+        cpu_peak(true);
+        // oneDNN's bf16 matrix products take their scratch memory through PyTorch's raw
+        // interface, which requires an allocator whose data pointers are their own contexts.
+        let opts = (tch::Kind::BFloat16, tch::Device::Cpu);
+        let x = tch::Tensor::ones([64, 512], opts);
+        let w = tch::Tensor::ones([512, 512], opts);
+        let y = x.linear::<tch::Tensor>(&w, None);
+        assert_eq!(y.double_value(&[3, 7]), 512.0);
+        let raw = tch::Tensor::ones([1 << 16], (tch::Kind::Float, tch::Device::Cpu));
+        assert!(cpu_peak(false) >= 4 << 16, "{} bytes counted", cpu_peak(false));
+        drop(raw);
+    }
+
+    #[test]
     fn a_missing_device_is_an_error_not_a_crash() {
         let gpus = tch::Cuda::device_count() as usize;
         assert!(cuda_peak(gpus + 7, false).is_err());
