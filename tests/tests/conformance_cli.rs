@@ -50,3 +50,23 @@ fn unrecognised_file_names_file_and_line() {
     assert_eq!(code, 1);
     assert!(stderr.contains("other.jsonl:1: not a recognised conformance case"), "{stderr}");
 }
+
+#[test]
+fn tool_calling_conversations_render_as_transformers_renders_them() {
+    let fixtures = shared_dir().join("fixtures/chat-templates");
+    let (code, stdout, stderr) = kart_conformance(&[&fixtures.join("tools-chatml.jsonl")]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert_eq!(stdout.lines().last(), Some("40 passed, 0 failed"));
+
+    // A rendering one character off is caught, with the template found beside the copy.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixtures.join("tools-chatml.jinja"), dir.path().join("tools-chatml.jinja")).unwrap();
+    let first = std::fs::read_to_string(fixtures.join("tools-chatml.jsonl")).unwrap();
+    let mut case: serde_json::Value = serde_json::from_str(first.lines().next().unwrap()).unwrap();
+    case["rendered"] = case["rendered"].as_str().unwrap().replacen("<|im_end|>\n", "<|im_end|>", 1).into();
+    let file = dir.path().join("off.jsonl");
+    std::fs::write(&file, format!("{case}\n")).unwrap();
+    let (code, stdout, _) = kart_conformance(&[&file]);
+    assert_eq!(code, 1);
+    assert!(stdout.contains("off.jsonl:1 [chat-template/render]"), "{stdout}");
+}

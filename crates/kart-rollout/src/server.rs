@@ -93,7 +93,7 @@ impl Drop for Reservation {
 impl Worker {
     /// A worker generating with `engine`: loads the tokenizer and chat template and connects the
     /// tools of `config`; registers its metrics in `registry`.
-    pub fn build(
+    pub async fn build(
         config: RolloutConfig,
         engine: WorkerEngine,
         token: Option<Token>,
@@ -101,7 +101,7 @@ impl Worker {
     ) -> Result<Self, WorkerError> {
         descriptors::check(&config, descriptors::raise_limit().map_err(WorkerError::Rlimit)?)?;
         let metrics = RolloutMetrics::new(registry);
-        let ctx = Context::build(&config.context, &config.env, engine.engine, &config.model, None)?;
+        let ctx = Context::build(&config.context, &config.env, engine.engine, &config.model, None).await?;
         config.weight_sources.validate()?;
         let downloader = Downloader::new(config.weight_download.clone(), token.as_ref())?;
         let weights = engine
@@ -200,7 +200,7 @@ pub async fn run(config: RolloutConfig, engine: WorkerEngine) -> Result<(), Work
     let addr = http::bind_address(&config.host, config.port);
     let token = Token::from_env()?;
     http::token::log_state("rollout worker", token.as_ref());
-    let worker = tokio::task::block_in_place(|| Worker::build(config, engine, token, &registry))?;
+    let worker = Worker::build(config, engine, token, &registry).await?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|source| WorkerError::Listen { addr: addr.clone(), source })?;
@@ -359,7 +359,8 @@ mod tests {
             RolloutConfig { model: kart_testing::model("tiny-qwen2"), ..RolloutConfig::default() };
         config.context.retry = RetryPolicy { retries: 0, backoff_ms: 1 };
         configure(&mut config);
-        let worker = Worker::build(config, engine, None, &registry).unwrap();
+        // Nothing in this config waits on I/O while building.
+        let worker = futures::executor::block_on(Worker::build(config, engine, None, &registry)).unwrap();
         (Arc::new(worker), registry)
     }
 
@@ -496,7 +497,7 @@ mod tests {
         let (engine, registry) = (Arc::new(answering_engine()), Registry::new());
         let target: Arc<dyn LoadWeights> = engine.clone();
         let engine = WorkerEngine { engine, weights: Some(target) };
-        let worker = Worker::build(config, engine, Some(token.clone()), &registry).unwrap();
+        let worker = Worker::build(config, engine, Some(token.clone()), &registry).await.unwrap();
         let app = router(Arc::new(worker), registry);
         let send = |uri: &'static str, body: serde_json::Value, bearer: bool| {
             let mut request = axum::http::Request::post(uri).header(header::CONTENT_TYPE, "application/json");
@@ -689,7 +690,8 @@ mod tests {
             RolloutConfig { model: kart_testing::model("tiny-qwen2"), ..RolloutConfig::default() };
         config.weight_download.max_bytes = 0;
         let weights = WorkerEngine { engine: engine.clone(), weights: Some(engine) };
-        let error = Worker::build(config, weights, None, &Registry::new()).err().unwrap().to_string();
+        let built = futures::executor::block_on(Worker::build(config, weights, None, &Registry::new()));
+        let error = built.err().unwrap().to_string();
         assert!(error.starts_with("weight_download.max_bytes = 0"), "{error}");
     }
 

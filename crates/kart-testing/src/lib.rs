@@ -26,6 +26,17 @@ pub fn model(name: &str) -> PathBuf {
     shared().join("fixtures/models").join(name)
 }
 
+/// Makes `dir` a model folder for tool calling: tiny-qwen2's tokenizer with the fixtures'
+/// Hermes-style tool-calling chat template (`chat-templates/tools-chatml.jinja`).
+pub fn tool_calling_model(dir: &std::path::Path) {
+    let model = model("tiny-qwen2");
+    for file in ["tokenizer.json", "tokenizer_config.json", "config.json"] {
+        std::fs::copy(model.join(file), dir.join(file)).expect("copy the fixture tokenizer");
+    }
+    let template = shared().join("fixtures/chat-templates/tools-chatml.jinja");
+    std::fs::copy(template, dir.join("chat_template.jinja")).expect("copy the fixture template");
+}
+
 /// A file of the conformance vectors, e.g. `search-r1/reward.jsonl`.
 pub fn conformance(file: &str) -> PathBuf {
     shared().join("conformance").join(file)

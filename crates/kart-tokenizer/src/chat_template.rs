@@ -113,6 +113,15 @@ impl ChatTemplate {
         Self::compile(path, &source, special_tokens).map(Some)
     }
 
+    /// Compiles the template file `path` on its own, with no special tokens set (what
+    /// transformers renders with `apply_chat_template(..., chat_template=source)`).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TokenizerError> {
+        let path = path.as_ref().to_path_buf();
+        let source =
+            std::fs::read_to_string(&path).map_err(|source| FileError::Io { path: path.clone(), source })?;
+        Self::compile(path, &source, Vec::new())
+    }
+
     /// Compiles `source`, read from `path`, in transformers' environment.
     fn compile(
         path: PathBuf,

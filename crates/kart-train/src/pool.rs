@@ -321,6 +321,7 @@ mod tests {
                 prompt: Some("Capital of Peru?".into()),
                 ground_truth: vec!["Lima".into()],
                 data_source: "nq".into(),
+                tools: None,
             })
             .collect();
         RolloutRequest {

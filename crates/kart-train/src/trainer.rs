@@ -806,13 +806,14 @@ fn connect(
         let engine =
             EmbeddedEngine::spawn(model, tokenizer.clone(), config.rollout.max_batch, version, config.seed);
         let local = config.rollout.index.as_deref().map(open_index).transpose()?;
-        let ctx = Context::build(
+        // Called from blocking code on the runtime (an MCP server's tools are listed now).
+        let ctx = tokio::runtime::Handle::current().block_on(Context::build(
             &config.rollout.context,
             &config.rollout.env,
             Arc::new(engine.clone()),
             &config.model,
             local,
-        )?;
+        ))?;
         let metrics = RolloutMetrics::new(endpoints.registry);
         return Ok((Arc::new(InProcessPool::new(ctx, Some(metrics))), Publisher::InProcess(engine)));
     }
@@ -950,6 +951,7 @@ mod tests {
                 prompt: Some("q".into()),
                 ground_truth: vec!["a".into()],
                 data_source: "nq".into(),
+                tools: None,
             })
             .collect();
         Collector {

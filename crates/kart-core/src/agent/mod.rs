@@ -2,6 +2,7 @@
 //! environment answers, and when an episode ends. Pure functions, no I/O.
 
 pub mod asearcher;
+pub mod function_calls;
 pub mod search_r1;
 pub mod tir;
 pub mod trajectory;

@@ -228,7 +228,7 @@ impl ToolOutcome {
     /// report are stripped and cut to 256 characters (the executor's post-processing); a report
     /// other than `Done` is shown as `Error: {report}`. A call succeeds when the tool did not raise
     /// and its result does not contain `Error`.
-    fn result(&self) -> (String, bool) {
+    pub fn result(&self) -> (String, bool) {
         match self {
             ToolOutcome::Python { stdout, report } => {
                 let (stdout, report) = (truncate(python_strip(stdout)), truncate(python_strip(report)));

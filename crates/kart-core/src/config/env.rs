@@ -2,7 +2,10 @@
 //! operator (the environments themselves are `kart-rollout`'s).
 
 use crate::agent::asearcher::{AgentConfig, PromptTemplate};
+use crate::agent::function_calls::CallFormat;
 use crate::agent::tir::{TirConfig, Tool};
+use crate::config::ConfigError;
+use crate::config::functions::{Builtin, FunctionConfig};
 use crate::reward::search_r1::SearchR1RewardWeights;
 use serde::{Deserialize, Serialize};
 
@@ -13,13 +16,32 @@ pub enum EnvConfig {
     SearchR1(SearchR1Config),
     Asearcher(AsearcherConfig),
     Tir(TirEnvConfig),
+    Tools(ToolsConfig),
 }
 
 impl EnvConfig {
     /// Whether episodes may run model-written Python (TIR with the `python` tool), so a worker
     /// needs the sandbox.
     pub fn runs_python(&self) -> bool {
-        matches!(self, EnvConfig::Tir(tir) if tir.tools.contains(&Tool::Python))
+        match self {
+            EnvConfig::Tir(tir) => tir.tools.contains(&Tool::Python),
+            EnvConfig::Tools(tools) => tools.functions.contains(&FunctionConfig::Builtin(Builtin::Python)),
+            _ => false,
+        }
+    }
+
+    /// Whether episodes search a corpus, so an in-process pool needs an index or a retriever.
+    pub fn searches(&self) -> bool {
+        match self {
+            EnvConfig::SearchR1(_) | EnvConfig::Asearcher(_) => true,
+            EnvConfig::Tir(_) => false,
+            EnvConfig::Tools(tools) => tools.functions.iter().any(|f| {
+                matches!(
+                    f,
+                    FunctionConfig::Builtin(Builtin::Search) | FunctionConfig::Builtin(Builtin::Access)
+                )
+            }),
+        }
     }
 
     /// Most tokens in a trajectory, prompt included (reaching it truncates the episode).
@@ -28,6 +50,15 @@ impl EnvConfig {
             EnvConfig::SearchR1(c) => c.max_trajectory_tokens,
             EnvConfig::Asearcher(c) => c.max_trajectory_tokens,
             EnvConfig::Tir(c) => c.max_length,
+            EnvConfig::Tools(c) => c.max_trajectory_tokens,
+        }
+    }
+
+    /// Checks the settings, naming the bad field and its value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            EnvConfig::Tools(c) => c.validate(),
+            _ => Ok(()),
         }
     }
 }
@@ -214,4 +245,92 @@ mod tool_names {
             })
             .collect()
     }
+}
+
+/// Settings of the `tools` environment: the model calls functions in the format its chat template
+/// teaches, their schemas rendered by that template and their results given back as `tool`
+/// messages, until it answers without a call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// How the model writes calls.
+    pub format: CallFormat,
+    /// The functions offered and their back ends. A task's `tools` column, when set, is the list
+    /// of schemas offered instead; each must name a function configured here.
+    pub functions: Vec<FunctionConfig>,
+    /// Passages per built-in `search` call.
+    pub search_topk: usize,
+    /// A system message put before a task's messages (unless empty or the task has its own).
+    pub system_prompt: String,
+    /// Assistant turns with calls; the episode ends after this many.
+    pub max_turns: usize,
+    /// Most tokens generated per turn.
+    pub max_response_length: usize,
+    /// Longest tool response in tokens (longer ones keep their first tokens).
+    pub max_tool_response_tokens: usize,
+    /// Most tokens in the whole trajectory, prompt included; reaching it ends the episode as
+    /// `truncated`.
+    pub max_trajectory_tokens: usize,
+    /// Where the final message holds the answer.
+    pub answer: AnswerFormat,
+    /// How the answer is scored against the golden answers.
+    pub score: Score,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        ToolsConfig {
+            format: CallFormat::Hermes,
+            functions: vec![FunctionConfig::Builtin(Builtin::Search)],
+            search_topk: 3,
+            system_prompt: String::new(),
+            max_turns: 4,
+            max_response_length: 500,
+            max_tool_response_tokens: 500,
+            max_trajectory_tokens: 4096,
+            answer: AnswerFormat::Tagged,
+            score: Score::Em,
+        }
+    }
+}
+
+impl ToolsConfig {
+    /// Checks the settings, naming the bad field and its value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (i, function) in self.functions.iter().enumerate() {
+            function.validate(i)?;
+        }
+        if self.max_turns == 0 {
+            return Err(ConfigError::new("max_turns", 0, "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// Where a final message holds its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerFormat {
+    /// The last `<answer>…</answer>`; no answer without one.
+    #[default]
+    Tagged,
+    /// The last `\boxed{…}`.
+    Boxed,
+    /// The whole message.
+    Content,
+}
+
+/// How an answer is scored against the golden answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Score {
+    /// 1 when the normalised answer equals a golden one (Search-R1's `em_check`).
+    #[default]
+    Em,
+    /// 1 when a normalised golden answer occurs in the normalised answer (`subem_check`).
+    SubEm,
+    /// The best token-set F1 over the golden answers (ASearcher's).
+    F1,
+    /// 1 when the answer is mathematically equivalent to the first golden answer.
+    Math,
 }

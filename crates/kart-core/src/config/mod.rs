@@ -4,6 +4,7 @@
 //! one exists; unknown keys are errors naming the key.
 
 pub mod env;
+pub mod functions;
 pub mod memory;
 pub mod retriever;
 pub mod retry;

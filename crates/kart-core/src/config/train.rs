@@ -857,7 +857,7 @@ impl TrainConfig {
         if self.rollout.urls.is_empty()
             && self.rollout.context.retriever_url.is_none()
             && self.rollout.index.is_none()
-            && !matches!(self.rollout.env, EnvConfig::Tir(_))
+            && self.rollout.env.searches()
         {
             return err(
                 "rollout.index",
@@ -865,6 +865,7 @@ impl TrainConfig {
                 "an in-process pool needs rollout.index or rollout.retriever_url (or set rollout.urls)",
             );
         }
+        self.rollout.env.validate().map_err(|e| e.within("rollout.env"))?;
         self.rollout.context.validate().map_err(|e| e.within("rollout"))
     }
 }

@@ -2,8 +2,9 @@
 
 use crate::chat::ChatMessage;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-/// One prompt to roll out: `{id, messages | prompt, ground_truth, data_source}`.
+/// One prompt to roll out: `{id, messages | prompt, ground_truth, data_source, tools}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Task {
@@ -20,6 +21,10 @@ pub struct Task {
     /// The dataset the task comes from (`nq`, `hotpotqa`, …), for per-source metrics.
     #[serde(default)]
     pub data_source: String,
+    /// The functions offered to the model (OpenAI function schemas), for the `tools`
+    /// environment; none: those of its config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Value>>,
 }
 
 /// Why a task cannot be rolled out.

@@ -252,6 +252,7 @@ mod tests {
             search: Some(Arc::new(FixedSearch { id: URL.into(), ok: search_ok })),
             access: Some(Arc::new(FixedAccess(page.map(str::to_owned)))),
             python: None,
+            functions: kart_tools::functions::Functions::default(),
             retry: RetryPolicy { retries: 1, backoff_ms: 1 },
         };
         (ctx, seen)
@@ -272,6 +273,7 @@ mod tests {
             prompt: Some(QUESTION.into()),
             ground_truth: vec!["Paris".into()],
             data_source: "nq".into(),
+            tools: None,
         };
         AsearcherEnv::new(config).run(ctx, &task, "t0".into(), &SamplingParams::default()).await.unwrap()
     }

@@ -5,12 +5,17 @@
 use super::RolloutError;
 use kart_core::chat::ChatMessage;
 use kart_core::config::ConfigError;
-use kart_core::config::env::EnvConfig;
+use kart_core::config::env::{EnvConfig, ToolsConfig};
+use kart_core::config::functions::{Builtin, FunctionConfig};
 use kart_core::config::retry::RetryPolicy;
 use kart_core::config::rollout::ContextConfig;
 use kart_core::engine::Engine;
-use kart_core::tool::{Access, Search};
+use kart_core::tool::{Access, Function, Search};
 use kart_tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
+use kart_tools::functions::builtin::{AccessFunction, CalculatorFunction, PythonFunction, SearchFunction};
+use kart_tools::functions::http::HttpFunction;
+use kart_tools::functions::mcp::{McpClient, McpError};
+use kart_tools::functions::{DuplicateFunction, Functions};
 use kart_tools::python::{PythonSandbox, SandboxError};
 use kart_tools::search::{CachedSearch, HttpRetriever};
 use std::path::Path;
@@ -27,6 +32,8 @@ pub struct Context {
     pub access: Option<Arc<dyn Access>>,
     /// The Python executor of tool-integrated reasoning.
     pub python: Option<Arc<PythonSandbox>>,
+    /// The functions of the `tools` environment, by name.
+    pub functions: Functions,
     pub retry: RetryPolicy,
 }
 
@@ -64,14 +71,19 @@ pub enum ContextError {
     Tokenizer(#[from] TokenizerError),
     #[error("python: {0}")]
     Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    Duplicate(#[from] DuplicateFunction),
+    #[error("functions[{at}].mcp: {source}")]
+    Mcp { at: usize, source: McpError },
 }
 
 impl Context {
     /// The context of `engine` with the tokenizer and chat template of the model folder `model`
     /// and the tools of `config`: searches go to `local` when given (a local index in this
     /// process), else to the retriever at `retriever_url`, through a cache; page access to that
-    /// retriever; the Python sandbox only when `env` runs model-written code.
-    pub fn build(
+    /// retriever; the Python sandbox only when `env` runs model-written code; the functions of a
+    /// `tools` environment, an MCP server's listed now.
+    pub async fn build(
         config: &ContextConfig,
         env: &EnvConfig,
         engine: Arc<dyn Engine>,
@@ -79,27 +91,81 @@ impl Context {
         local: Option<Arc<dyn Search>>,
     ) -> Result<Context, ContextError> {
         config.validate()?;
+        env.validate()?;
         let timeout = Duration::from_secs_f64(config.tool_timeout_secs);
         let retriever = config.retriever_url.as_deref().map(|url| Arc::new(HttpRetriever::new(url, timeout)));
         let search = local.or_else(|| retriever.clone().map(|r| r as Arc<dyn Search>)).map(|inner| {
             Arc::new(CachedSearch::new(inner, config.search_cache_entries, config.search_concurrency))
                 as Arc<dyn Search>
         });
-        let python = env.runs_python().then(|| PythonSandbox::new(config.python.clone())).transpose()?;
+        let python =
+            env.runs_python().then(|| PythonSandbox::new(config.python.clone())).transpose()?.map(Arc::new);
         if let Some(sandbox) = &python {
             tracing::info!(protections = %sandbox.protections(), "python sandbox ready");
         }
+        let access = retriever.map(|r| r as Arc<dyn Access>);
+        let functions = match env {
+            EnvConfig::Tools(tools) => {
+                functions(tools, search.as_ref(), access.as_ref(), python.as_ref()).await?
+            }
+            _ => Functions::default(),
+        };
         Ok(Context {
             engine,
             tokenizer: Tokenizer::load(model)?,
             chat_template: ChatTemplate::load(model)?,
             search,
-            access: retriever.map(|r| r as Arc<dyn Access>),
-            python: python.map(Arc::new),
+            access,
+            python,
+            functions,
             retry: config.retry.clone(),
         })
     }
 }
+
+/// The functions `config` names, on their back ends.
+async fn functions(
+    config: &ToolsConfig,
+    search: Option<&Arc<dyn Search>>,
+    access: Option<&Arc<dyn Access>>,
+    python: Option<&Arc<PythonSandbox>>,
+) -> Result<Functions, ContextError> {
+    let mut functions = Functions::default();
+    for (i, function) in config.functions.iter().enumerate() {
+        let missing = |what: &'static str| {
+            ContextError::Config(ConfigError::new(format!("functions[{i}]"), what, MISSING))
+        };
+        let added: Vec<Arc<dyn Function>> = match function {
+            FunctionConfig::Builtin(Builtin::Search) => {
+                let search = search.ok_or_else(|| missing("search"))?;
+                vec![Arc::new(SearchFunction::new(search.clone(), config.search_topk))]
+            }
+            FunctionConfig::Builtin(Builtin::Access) => {
+                vec![Arc::new(AccessFunction::new(access.ok_or_else(|| missing("access"))?.clone()))]
+            }
+            FunctionConfig::Builtin(Builtin::Python) => {
+                vec![Arc::new(PythonFunction::new(python.ok_or_else(|| missing("python"))?.clone()))]
+            }
+            FunctionConfig::Builtin(Builtin::Calculator) => vec![Arc::new(CalculatorFunction::default())],
+            FunctionConfig::Http(http) => vec![Arc::new(HttpFunction::new(http))],
+            FunctionConfig::Mcp(server) => McpClient::connect(server)
+                .await
+                .map_err(|source| ContextError::Mcp { at: i, source })?
+                .into_iter()
+                .map(|tool| Arc::new(tool) as Arc<dyn Function>)
+                .collect(),
+        };
+        for f in added {
+            functions.add(f)?;
+        }
+    }
+    tracing::info!(functions = ?functions, "functions ready");
+    Ok(functions)
+}
+
+/// Why a built-in function cannot run.
+const MISSING: &str = "needs a back end this worker lacks (search and access need rollout.index or \
+    retriever_url; python needs the sandbox)";
 
 #[cfg(test)]
 mod tests {
@@ -118,10 +184,10 @@ mod tests {
         }
     }
 
-    fn build(config: &ContextConfig, local: Option<Arc<dyn Search>>) -> Result<Context, ContextError> {
+    async fn build(config: &ContextConfig, local: Option<Arc<dyn Search>>) -> Result<Context, ContextError> {
         let model = kart_testing::model("tiny-qwen2");
         let engine = ScriptedEngine::new(Tokenizer::load(&model).unwrap(), |_, _| Reply::Text(String::new()));
-        Context::build(config, &EnvConfig::default(), Arc::new(engine), &model, local)
+        Context::build(config, &EnvConfig::default(), Arc::new(engine), &model, local).await
     }
 
     #[tokio::test]
@@ -129,7 +195,7 @@ mod tests {
         for (entries, reached) in [(0, 3), (10, 1)] {
             let counting = Arc::new(Counting(AtomicUsize::new(0), FixedSearch { id: "1".into(), ok: true }));
             let config = ContextConfig { search_cache_entries: entries, ..ContextConfig::default() };
-            let ctx = build(&config, Some(counting.clone())).unwrap();
+            let ctx = build(&config, Some(counting.clone())).await.unwrap();
             for _ in 0..3 {
                 ctx.search.as_ref().unwrap().search(&["q".to_string()], 3).await.unwrap();
             }
@@ -137,23 +203,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn tools_follow_the_config() {
-        let ctx = build(&ContextConfig::default(), None).unwrap();
+    #[tokio::test]
+    async fn tools_follow_the_config() {
+        let ctx = build(&ContextConfig::default(), None).await.unwrap();
         assert!(ctx.search.is_none() && ctx.access.is_none(), "no retriever, no search or access");
         let config = ContextConfig {
             retriever_url: Some("http://retriever:8000".into()),
             retry: RetryPolicy { retries: 7, backoff_ms: 3 },
             ..ContextConfig::default()
         };
-        let ctx = build(&config, None).unwrap();
+        let ctx = build(&config, None).await.unwrap();
         assert!(ctx.search.is_some() && ctx.access.is_some());
         assert_eq!(ctx.retry, config.retry);
         let bad = ContextConfig { tool_timeout_secs: -1.0, ..ContextConfig::default() };
-        let err = build(&bad, None).err().expect("a negative timeout is refused").to_string();
+        let err = build(&bad, None).await.err().expect("a negative timeout is refused").to_string();
         assert!(err.contains("tool_timeout_secs = -1"), "{err}");
         let bad = ContextConfig { retriever_url: Some("retriever:8000".into()), ..ContextConfig::default() };
-        let err = build(&bad, None).err().expect("a URL without a scheme is refused").to_string();
+        let err = build(&bad, None).await.err().expect("a URL without a scheme is refused").to_string();
         assert!(err.contains("retriever_url = retriever:8000"), "{err}");
     }
 }

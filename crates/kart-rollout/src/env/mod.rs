@@ -5,6 +5,7 @@
 //! - [`search_r1`]: Search-R1's search-and-answer loop;
 //! - [`asearcher`]: ASearcher's search, page access and summarisation turns;
 //! - [`tir`]: tool-integrated reasoning with a Python executor and a calculator;
+//! - [`tools`]: a chat model calling functions in its template's format;
 //! - [`Context`]: what they run against (engine, tokenizer, chat template, tools);
 //! - [`turns`]: the turn loop they all run, and what an environment plugs into it.
 
@@ -12,6 +13,7 @@ pub mod asearcher;
 mod context;
 pub mod search_r1;
 pub mod tir;
+pub mod tools;
 pub mod turns;
 
 pub use context::{Context, ContextError};
@@ -31,12 +33,13 @@ pub fn build(config: &EnvConfig) -> Arc<dyn Environment> {
         EnvConfig::SearchR1(c) => Arc::new(search_r1::SearchR1Env::new(c.clone())),
         EnvConfig::Asearcher(c) => Arc::new(asearcher::AsearcherEnv::new(c.clone())),
         EnvConfig::Tir(c) => Arc::new(tir::TirEnv::new(c.clone())),
+        EnvConfig::Tools(c) => Arc::new(tools::ToolsEnv::new(c.clone())),
     }
 }
 
 /// One agent loop.
 pub trait Environment: Send + Sync {
-    /// The environment's name in metrics and logs (`search-r1`, `asearcher`, `tir`).
+    /// The environment's name in metrics and logs (`search-r1`, `asearcher`, `tir`, `tools`).
     fn name(&self) -> &'static str;
 
     /// Runs one episode of `task`, returning its trajectory (status `aborted` when the engine failed
@@ -59,4 +62,7 @@ pub enum RolloutError {
     Build(#[from] BuildError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// The environment needs what the model's chat template does not give.
+    #[error("chat template: {0}")]
+    Template(String),
 }

@@ -164,6 +164,7 @@ mod tests {
             search: Some(Arc::new(FixedSearch { id: "1".into(), ok: search_ok })),
             access: None,
             python: None,
+            functions: kart_tools::functions::Functions::default(),
             retry: RetryPolicy { retries: 1, backoff_ms: 1 },
         }
     }
@@ -175,6 +176,7 @@ mod tests {
             prompt: Some("What is the capital of France".into()),
             ground_truth: vec!["Paris".into()],
             data_source: "nq".into(),
+            tools: None,
         }
     }
 

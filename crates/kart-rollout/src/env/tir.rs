@@ -194,6 +194,7 @@ mod tests {
             search: None,
             access: None,
             python: python.map(|config| Arc::new(PythonSandbox::new(config).unwrap())),
+            functions: kart_tools::functions::Functions::default(),
             retry: RetryPolicy { retries: 1, backoff_ms: 1 },
         }
     }
@@ -209,6 +210,7 @@ mod tests {
             prompt: Some(QUESTION.into()),
             ground_truth: vec!["42".into()],
             data_source: "math".into(),
+            tools: None,
         };
         TirEnv::new(config).run(ctx, &task, "t0".into(), &SamplingParams::default()).await.unwrap()
     }

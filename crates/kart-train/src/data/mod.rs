@@ -121,6 +121,7 @@ impl Dataset {
                     prompt: p.prompt,
                     ground_truth: p.ground_truth,
                     data_source: p.data_source,
+                    tools: p.tools,
                 }),
                 Err(DataError::BadRow { .. }) if skip_bad_rows => dataset.skipped += 1,
                 Err(e) => return Err(e),

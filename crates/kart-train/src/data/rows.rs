@@ -6,10 +6,11 @@ use kart_core::json::kind;
 use serde_json::{Map, Value};
 
 /// The columns of a Search-R1 row kart reads; others (`ability`, `golden_answers`, …) are ignored.
-const SEARCH_R1_COLUMNS: &[&str] = &["data_source", "prompt", "reward_model", "extra_info"];
+const SEARCH_R1_COLUMNS: &[&str] = &["data_source", "prompt", "reward_model", "extra_info", "tools"];
 
 /// The keys of an ASearcher or TIR row kart reads.
-const QA_COLUMNS: &[&str] = &["id", "data_source", "messages", "question", "problem", "answer", "answers"];
+const QA_COLUMNS: &[&str] =
+    &["id", "data_source", "messages", "question", "problem", "answer", "answers", "tools"];
 
 /// A row's prompt before it gets its unique id.
 #[derive(Debug)]
@@ -20,6 +21,8 @@ pub(super) struct Parsed {
     pub prompt: Option<String>,
     pub ground_truth: Vec<String>,
     pub data_source: String,
+    /// The functions the row offers (its `tools` column).
+    pub tools: Option<Vec<Value>>,
 }
 
 /// What is wrong with a row: the field (a path like `prompt[0].content`) and why.
@@ -102,6 +105,7 @@ fn search_r1(mut row: Map<String, Value>) -> Result<Parsed, RowError> {
         prompt: None,
         ground_truth,
         data_source,
+        tools: tools(&mut row)?,
     })
 }
 
@@ -124,7 +128,29 @@ fn qa(mut row: Map<String, Value>, default_source: &str) -> Result<Parsed, RowEr
         false => default_source.to_owned(),
     };
     let key = take(&mut row, "id").map(|id| scalar_id(&id, "id")).transpose()?;
-    Ok(Parsed { key, messages, prompt, ground_truth, data_source })
+    let tools = tools(&mut row)?;
+    Ok(Parsed { key, messages, prompt, ground_truth, data_source, tools })
+}
+
+/// The `tools` column: a list of OpenAI function schemas (`{"type": "function", "function":
+/// {"name", …}}` or bare `{"name", …}`), or the JSON text of one as many datasets store it.
+fn tools(row: &mut Map<String, Value>) -> Result<Option<Vec<Value>>, RowError> {
+    let value = match take(row, "tools") {
+        None => return Ok(None),
+        Some(Value::String(text)) => serde_json::from_str(&text)
+            .map_err(|e| bad("tools", format!("not a JSON list of functions: {e}")))?,
+        Some(value) => value,
+    };
+    let Value::Array(items) = value else {
+        return Err(bad("tools", format!("expected a list of function schemas, got {}", kind(&value))));
+    };
+    for (i, item) in items.iter().enumerate() {
+        let name = kart_core::agent::function_calls::function_of(item).get("name").and_then(Value::as_str);
+        if name.is_none_or(str::is_empty) {
+            return Err(bad(format!("tools[{i}].function.name"), "missing (a function schema needs a name)"));
+        }
+    }
+    Ok(Some(items))
 }
 
 /// Whether `row` has a non-null `key`.
@@ -180,7 +206,7 @@ fn messages(value: Value, field: &str) -> Result<Vec<ChatMessage>, RowError> {
                     .and_then(as_string)
                     .map_err(|r| at(&format!(".{key}"), r))
             };
-            Ok(ChatMessage { role: get("role")?, content: get("content")? })
+            Ok(ChatMessage::new(get("role")?, get("content")?))
         })
         .collect()
 }
@@ -230,7 +256,7 @@ mod tests {
         });
         let p = RowFormat::SearchR1.parse(row.clone()).unwrap();
         assert_eq!(p.key.as_deref(), Some("nq/7"));
-        assert_eq!(p.messages.unwrap(), [ChatMessage { role: "user".into(), content: "Q?".into() }]);
+        assert_eq!(p.messages.unwrap(), [ChatMessage::new("user", "Q?")]);
         assert_eq!(p.ground_truth, ["a", "b"]);
         let mut row = row;
         row["reward_model"]["ground_truth"]["target"] = json!("c");

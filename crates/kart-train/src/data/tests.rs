@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::Command;
 
 fn user(content: &str) -> Vec<ChatMessage> {
-    vec![ChatMessage { role: "user".into(), content: content.into() }]
+    vec![ChatMessage::new("user", content)]
 }
 
 fn write_lines(dir: &Path, name: &str, lines: &[Value]) -> PathBuf {
@@ -35,12 +35,13 @@ fn search_r1_parquet_round_trips() {
         Task {
             id: "ignored".into(),
             messages: Some(vec![
-                ChatMessage { role: "system".into(), content: "Answer.".into() },
-                ChatMessage { role: "user".into(), content: "Who wrote Hamlet?".into() },
+                ChatMessage::new("system", "Answer."),
+                ChatMessage::new("user", "Who wrote Hamlet?"),
             ]),
             prompt: None,
             ground_truth: vec!["Shakespeare".into(), "William Shakespeare".into()],
             data_source: "nq".into(),
+            tools: None,
         },
         Task {
             id: "ignored too".into(),
@@ -48,6 +49,7 @@ fn search_r1_parquet_round_trips() {
             prompt: Some("Capital of Peru?".into()),
             ground_truth: vec!["Lima".into()],
             data_source: "synthetic".into(),
+            tools: None,
         },
     ];
     write_search_r1(&path, &prompts, "fact-reasoning", "train").unwrap();
@@ -132,6 +134,7 @@ fn asearcher_gzip_and_tir_json_lines() {
             prompt: None,
             ground_truth: vec!["2".into()],
             data_source: "tir".into(),
+            tools: None,
         }
     );
     assert_eq!((read.prompts[1].id.as_str(), read.prompts[1].prompt.as_deref()), ("math/1", Some("2*3?")));
@@ -170,6 +173,7 @@ fn bad_rows_fail_naming_file_row_and_field_or_are_skipped() {
             prompt: Some("Q".into()),
             ground_truth: vec!["A".into()],
             data_source: "nq".into(),
+            tools: None,
         }],
         "qa",
         "test",
@@ -212,6 +216,7 @@ fn prompts_serialise_as_rollout_tasks() {
         prompt: Some("Q".into()),
         ground_truth: vec!["A".into()],
         data_source: "nq".into(),
+        tools: None,
     };
     assert_eq!(
         serde_json::to_value(&p).unwrap(),
@@ -242,6 +247,7 @@ fn parquet_interoperates_with_pandas_and_pyarrow() {
                 prompt: None,
                 ground_truth: vec!["Ann".into(), "Anne".into()],
                 data_source: "nq".into(),
+                tools: None,
             },
             Task {
                 id: String::new(),
@@ -249,6 +255,7 @@ fn parquet_interoperates_with_pandas_and_pyarrow() {
                 prompt: Some("Where?".into()),
                 ground_truth: vec!["Oslo".into()],
                 data_source: "hotpotqa".into(),
+                tools: None,
             },
         ],
         "fact-reasoning",
@@ -321,4 +328,29 @@ print(json.dumps({"schema": str(table.schema.remove_metadata()), "rows": table.t
         })
     );
     assert_eq!(seen["rows"][0]["reward_model"]["ground_truth"]["target"], json!(["Ann", "Anne"]));
+}
+
+#[test]
+fn a_tools_column_offers_functions_as_a_list_or_json_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let weather =
+        json!({"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}});
+    let mut row = search_r1_row("nq", 0, "Weather in Paris?", json!(["sunny"]));
+    row["tools"] = json!([weather]);
+    let mut as_text = json!({"question": "Q", "answer": "A"});
+    as_text["tools"] = json!(json!([{"name": "calculator"}]).to_string());
+    let read = |name: &str, row: &Value| {
+        let path = write_lines(dir.path(), name, std::slice::from_ref(row));
+        Dataset::load(&path, DataFormat::Auto, false, 0).map(|d| d.prompts[0].tools.clone())
+    };
+    assert_eq!(read("s.jsonl", &row).unwrap(), Some(vec![weather]));
+    assert_eq!(read("q.jsonl", &as_text).unwrap(), Some(vec![json!({"name": "calculator"})]));
+    let e = read("bad.jsonl", &json!({"question": "Q", "answer": "A", "tools": [{"type": "function"}]}));
+    assert!(
+        e.unwrap_err()
+            .to_string()
+            .ends_with("tools[0].function.name: missing (a function schema needs a name)")
+    );
+    let e = read("bad2.jsonl", &json!({"question": "Q", "answer": "A", "tools": "[{"}));
+    assert!(e.unwrap_err().to_string().contains("tools: not a JSON list of functions"));
 }

@@ -7,6 +7,7 @@ use kart_core::reward::asearcher::{
     compute_score_em, compute_score_f1, cover_exact_match_score_1, extract_solution,
 };
 use serde_json::{Value, json};
+use std::path::Path;
 
 /// Absolute tolerance for the scores.
 const TOLERANCE: f64 = 1e-9;
@@ -23,7 +24,7 @@ impl Schema for ASearcherReward {
         case.get("solution_str").is_some() && case.get("golden_answers").is_some()
     }
 
-    fn check(&self, case: &Value) -> Result<(), Mismatch> {
+    fn check(&self, case: &Value, _dir: &Path) -> Result<(), Mismatch> {
         let solution = str_field(case, "solution_str")?;
         let golden: Vec<String> = typed_field(case, "golden_answers")?;
         let actual = json!({

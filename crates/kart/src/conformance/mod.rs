@@ -1,5 +1,5 @@
 //! Conformance checks against test vectors produced by the upstream reference code (Search-R1,
-//! ASearcher, verl).
+//! ASearcher, verl), and chat templates rendered by transformers.
 //!
 //! A vector file holds one JSON case per line. Its schema is recognised from the case's fields, not
 //! from the file name, so any file of the same schema works wherever it lives. Each schema computes
@@ -8,6 +8,7 @@
 //! and so is a file of sentence-transformers embeddings, against an encoder folder.
 
 mod asearcher_reward;
+mod chat_template;
 pub mod compare;
 pub mod encoder;
 pub mod model;
@@ -29,12 +30,14 @@ pub trait Schema: Sync {
     /// Whether `case` has the fields of this schema.
     fn recognises(&self, case: &Value) -> bool;
     /// Computes the case's expectations with kart's code; `Err` names the first difference.
-    fn check(&self, case: &Value) -> Result<(), Mismatch>;
+    /// Files a case names (a chat template) are found in `dir`, the vector file's folder.
+    fn check(&self, case: &Value, dir: &Path) -> Result<(), Mismatch>;
 }
 
 /// Every schema kart recognises, most specific first.
-pub fn schemas() -> [&'static dyn Schema; 5] {
+pub fn schemas() -> [&'static dyn Schema; 6] {
     [
+        &chat_template::ChatTemplateRendering,
         &search_r1_protocol::SearchR1Protocol,
         &search_r1_reward::SearchR1Reward,
         &asearcher_reward::ASearcherReward,
@@ -110,7 +113,7 @@ pub fn check_file(path: &Path) -> Result<Report, ConformanceError> {
             ConformanceError::Unrecognised { path: path.into(), line: line_no, fields: field_names(&case) }
         })?;
         cases += 1;
-        match schema.check(&case) {
+        match schema.check(&case, path.parent().unwrap_or(Path::new("."))) {
             Ok(()) => report.passed += 1,
             Err(mismatch) => report.failures.push(Failure {
                 path: path.into(),

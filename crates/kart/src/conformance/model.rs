@@ -104,7 +104,7 @@ fn check_chat_template(dir: &Path, example: &str) -> Result<(), Mismatch> {
     let template = ChatTemplate::load(dir)
         .map_err(|e| Mismatch(e.to_string()))?
         .ok_or_else(|| Mismatch("the folder has no chat template".into()))?;
-    let hi = [ChatMessage { role: "user".into(), content: "hi".into() }];
+    let hi = [ChatMessage::new("user", "hi")];
     let rendered = template.render(&hi, true, json!({})).map_err(|e| Mismatch(e.to_string()))?;
     compare("chat_template_example", &json!(example), &json!(rendered), 0.0)
 }

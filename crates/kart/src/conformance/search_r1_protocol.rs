@@ -8,6 +8,7 @@ use kart_core::agent::search_r1::{
 };
 use kart_core::reward::normalize::normalize_answer;
 use serde_json::{Value, json};
+use std::path::Path;
 
 /// The case kinds of the protocol vectors.
 const KINDS: [&str; 6] = ["postprocess", "parse_action", "passages", "observation", "prompt", "normalize"];
@@ -24,7 +25,7 @@ impl Schema for SearchR1Protocol {
         case.get("kind").and_then(Value::as_str).is_some_and(|kind| KINDS.contains(&kind))
     }
 
-    fn check(&self, case: &Value) -> Result<(), Mismatch> {
+    fn check(&self, case: &Value, _dir: &Path) -> Result<(), Mismatch> {
         let actual = match str_field(case, "kind")? {
             "postprocess" => json!(postprocess(str_field(case, "input")?)),
             "parse_action" => {

@@ -8,6 +8,7 @@ use kart_core::reward::search_r1::{
     extract_solution, is_retrieval_correct, is_valid_sequence,
 };
 use serde_json::{Value, json};
+use std::path::Path;
 
 /// Cases with a `solution_str` and a `ground_truth`.
 pub struct SearchR1Reward;
@@ -21,7 +22,7 @@ impl Schema for SearchR1Reward {
         case.get("solution_str").is_some() && case.get("ground_truth").is_some()
     }
 
-    fn check(&self, case: &Value) -> Result<(), Mismatch> {
+    fn check(&self, case: &Value, _dir: &Path) -> Result<(), Mismatch> {
         let solution = str_field(case, "solution_str")?;
         let golden = typed_field::<GroundTruth>(case, "ground_truth")?.target;
         let weights = match case.get("weights") {

@@ -7,6 +7,7 @@ use kart_core::rl::advantage::{grpo_advantages, rloo_advantages};
 use kart_core::rl::kl::{KlEstimator, kl_penalty};
 use kart_core::rl::loss::{LossAggMode, Matrix, PolicyClip, RlError, agg_loss, policy_loss};
 use serde_json::{Map, Value, json};
+use std::path::Path;
 
 /// Absolute tolerance of the verl vectors (float32 arithmetic).
 pub(super) const TOLERANCE: f64 = 1e-5;
@@ -23,7 +24,7 @@ impl Schema for VerlCoreAlgos {
         case.get("expect_grpo_advantages").is_some()
     }
 
-    fn check(&self, case: &Value) -> Result<(), Mismatch> {
+    fn check(&self, case: &Value, _dir: &Path) -> Result<(), Mismatch> {
         let mask = matrix_field(case, "response_mask")?;
         let scores: Vec<f32> = typed_field(case, "scores")?;
         let groups: Vec<i64> = typed_field(case, "group_index")?;

@@ -7,6 +7,7 @@ use super::{Mismatch, Schema};
 use kart_core::rl::gae::gae_advantages;
 use kart_core::rl::loss::{LossAggMode, value_loss};
 use serde_json::{Value, json};
+use std::path::Path;
 
 /// Cases with `expect_gae_advantages`.
 pub struct VerlGae;
@@ -20,7 +21,7 @@ impl Schema for VerlGae {
         case.get("expect_gae_advantages").is_some()
     }
 
-    fn check(&self, case: &Value) -> Result<(), Mismatch> {
+    fn check(&self, case: &Value, _dir: &Path) -> Result<(), Mismatch> {
         let rewards = matrix_field(case, "token_level_rewards")?;
         let values = matrix_field(case, "values")?;
         let mask = matrix_field(case, "response_mask")?;

@@ -232,10 +232,11 @@ impl Question {
     pub fn to_prompt(&self) -> Result<Task, PromptError> {
         Ok(Task {
             id: self.id.clone(),
-            messages: Some(vec![ChatMessage { role: "user".into(), content: make_prefix(&self.question)? }]),
+            messages: Some(vec![ChatMessage::new("user", make_prefix(&self.question)?)]),
             prompt: None,
             ground_truth: vec![self.answer.clone()],
             data_source: self.data_source.clone(),
+            tools: None,
         })
     }
 }

@@ -124,7 +124,8 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
     };
     let idle = Arc::new(ReplayEngine { latency, searches: HashMap::new(), answer: Vec::new() });
     let mut ctx =
-        EnvContext::build(&tools, &EnvConfig::SearchR1(SearchR1Config::default()), idle, &model_dir, None)?;
+        EnvContext::build(&tools, &EnvConfig::SearchR1(SearchR1Config::default()), idle, &model_dir, None)
+            .await?;
 
     // One question per person; the engine's replies prepared for each.
     let tasks: Vec<Task> = world
@@ -137,6 +138,7 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
             prompt: None,
             ground_truth: vec![person.name.clone()],
             data_source: "bench".into(),
+            tools: None,
         })
         .collect();
     let mut searches = HashMap::new();

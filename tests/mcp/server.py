@@ -1,0 +1,34 @@
+"""An MCP server for kart's tests: the Python SDK's MCPServer (`pip install mcp`) on the
+streamable HTTP transport, with tools a tool-calling agent might use.
+
+    python tests/mcp/server.py PORT
+"""
+
+import sys
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("kart-test-tools")
+
+CAPITALS = {"france": "Paris", "japan": "Tokyo", "kenya": "Nairobi"}
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+def capital(country: str) -> str:
+    """The capital city of a country."""
+    try:
+        return CAPITALS[country.lower()]
+    except KeyError:
+        # A ToolError's message reaches the client (other exceptions are masked).
+        raise ToolError(f"no capital known for {country}") from None
+
+
+if __name__ == "__main__":
+    server.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
