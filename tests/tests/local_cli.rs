@@ -18,6 +18,7 @@ fn help_exposes_world_model_steps_algorithm_seed_and_output() {
         "--warm-steps",
         "--probe-rounds",
         "--dynamic-sampling",
+        "--env",
         "--steps",
         "--algorithm",
         "--seed",
@@ -120,6 +121,57 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     {
         assert!(dir.join(file).is_file(), "{file}");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_tools_run_trains_through_the_tools_environment() {
+    let dir = std::env::temp_dir().join(format!("kart-local-tools-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let output = Command::new(binary("kart"))
+        .args(["local", "--env", "tools", "--persons", "400", "--rl-questions", "20", "--hidden", "32"])
+        .args([
+            "--layers",
+            "1",
+            "--vocab",
+            "600",
+            "--copy-drills",
+            "3",
+            "--warm-steps",
+            "6",
+            "--warm-batch",
+            "4",
+        ])
+        .args(["--probe-rounds", "0", "--steps", "1", "--prompts", "2", "--n", "2", "--eval-questions", "4"])
+        .args(["--dynamic-sampling", "false", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("train-config.json")).unwrap()).unwrap();
+    let env = &config["rollout"]["env"];
+    assert_eq!(
+        (&env["kind"], &env["functions"]),
+        (&json!("tools"), &json!([{"builtin": "search"}])),
+        "{env}"
+    );
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["settings"]["env"], "tools");
+    // The saved model's template renders the search function; its prompts are the questions.
+    let template = std::fs::read_to_string(dir.join("model/chat_template.jinja")).unwrap();
+    assert!(template.contains("<tool_call>"), "{template}");
+    let rollout: Value = serde_json::from_str(
+        std::fs::read_to_string(dir.join("rl/rollouts.jsonl")).unwrap().lines().next().unwrap(),
+    )
+    .unwrap();
+    let prompt = rollout["segments"][0]["text"].as_str().unwrap();
+    assert!(
+        prompt.contains("call the search function") && prompt.contains("\"name\": \"search\""),
+        "{prompt}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

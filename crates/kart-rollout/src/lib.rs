@@ -3,8 +3,9 @@
 //! the engine is an [`Engine`](kart_core::engine::Engine) (the embedded one is `kart-model`'s),
 //! tokenisation is `kart-tokenizer`'s.
 //!
-//! - [`env`]: the environments (Search-R1, ASearcher, tool-integrated reasoning) and the
-//!   [`Context`](env::Context) they run against;
+//! - [`env`]: the environments (Search-R1, ASearcher, tool-integrated reasoning, tool calling)
+//!   and the [`Context`](env::Context) they run against;
+//! - [`reward`]: reward services (HTTP scorers, LLM judges) combined with their rewards;
 //! - [`builder`]: assembling a token-exact trajectory;
 //! - [`engines`]: SGLang (`/generate`) and vLLM (`/v1/completions`) servers over HTTP, balanced
 //!   client-side; [`fake`]: scripted engines for tests and benchmarks;
@@ -22,5 +23,6 @@ pub mod fake;
 pub mod group;
 pub mod metrics;
 pub mod retry;
+pub mod reward;
 pub mod server;
 pub mod weights;

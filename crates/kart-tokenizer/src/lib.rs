@@ -8,6 +8,6 @@ mod error;
 pub mod file;
 mod tokenizer;
 
-pub use chat_template::{CHATML, ChatTemplate};
+pub use chat_template::{CHATML, ChatTemplate, QWEN25};
 pub use error::TokenizerError;
 pub use tokenizer::{DecodeStream, Tokenizer};

@@ -5,11 +5,13 @@
 //! - [`calculator`]: tool-integrated reasoning's arithmetic evaluator (pure, no `eval`);
 //! - [`functions`]: named functions for tool-calling models: the built-in tools, HTTP endpoints
 //!   and MCP servers' tools;
+//! - [`post`]: retried JSON `POST`s to the services functions and rewards rely on;
 //! - [`python`]: tool-integrated reasoning's Python executor, a sandboxed child process per call;
 //! - [`search`]: search and page access through a retriever over HTTP, and a cache in front of
 //!   any search tool (a local index searched in process is `kart-retriever`'s).
 
 pub mod calculator;
 pub mod functions;
+pub mod post;
 pub mod python;
 pub mod search;

@@ -94,6 +94,12 @@ pub mod keys {
         Key(format!("tools/{tool}/calls_per_trajectory").into())
     }
 
+    /// The mean of one part of the reward when reward services take part (`rule`, a service's
+    /// name, `{service}/{metric}`).
+    pub fn reward_part(part: &str) -> Key {
+        Key(format!("reward/{part}").into())
+    }
+
     /// Trajectories of the step that ended with `status` (`completed`, `truncated`, `aborted`).
     pub fn trajectories(status: &str) -> Key {
         Key(format!("trajectories/{status}").into())

@@ -706,6 +706,14 @@ fn batch_record(trajectories: &[&Trajectory], version: i64, metrics: &TrainerMet
         let calls = mean(&|t| t.stats.tool_calls.get(tool).map_or(0.0, |c| f64::from(c.ok + c.failed)));
         r.set(keys::tool_calls(tool), calls);
     }
+    // Reward services' parts (`rule`, each service, its metrics), over the trajectories that have them.
+    let parts: std::collections::BTreeSet<&String> =
+        scored.iter().flat_map(|t| t.stats.reward_scores.keys()).collect();
+    for part in parts {
+        let values: Vec<f64> =
+            scored.iter().filter_map(|t| t.stats.reward_scores.get(part).copied()).collect();
+        r.set(keys::reward_part(part), values.iter().sum::<f64>() / values.len().max(1) as f64);
+    }
     for status in [Status::Completed, Status::Truncated, Status::Aborted] {
         let count = trajectories.iter().filter(|t| t.status == status).count();
         let label =

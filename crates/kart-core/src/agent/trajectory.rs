@@ -49,6 +49,10 @@ pub struct Stats {
     pub env_tokens: u32,
     /// Wall time of the episode in milliseconds.
     pub latency_ms: u64,
+    /// The parts of the reward when reward services took part: `rule` (the environment's own),
+    /// each service's score by name, and `{service}/{metric}` for metrics a service reported.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub reward_scores: BTreeMap<String, f64>,
 }
 
 impl Stats {

@@ -8,6 +8,7 @@ pub mod functions;
 pub mod memory;
 pub mod retriever;
 pub mod retry;
+pub mod reward;
 pub mod rollout;
 pub mod sandbox;
 pub mod train;

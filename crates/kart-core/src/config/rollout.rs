@@ -4,6 +4,7 @@
 use super::ConfigError;
 use super::env::EnvConfig;
 use super::retry::RetryPolicy;
+use super::reward::RewardConfig;
 use super::sandbox::SandboxConfig;
 use super::weight_sources::WeightSources;
 use serde::{Deserialize, Serialize};
@@ -71,6 +72,8 @@ pub struct ContextConfig {
     pub python: SandboxConfig,
     /// Retries of failed engine calls.
     pub retry: RetryPolicy,
+    /// Reward services combined with the environment's own reward.
+    pub reward: RewardConfig,
 }
 
 impl Default for ContextConfig {
@@ -82,6 +85,7 @@ impl Default for ContextConfig {
             search_concurrency: 64,
             python: SandboxConfig::default(),
             retry: RetryPolicy::default(),
+            reward: RewardConfig::default(),
         }
     }
 }
@@ -96,7 +100,7 @@ impl ContextConfig {
         if let Some(url) = self.retriever_url.as_deref().filter(|u| !is_http_url(u)) {
             return Err(ConfigError::new("retriever_url", url, "must be an http(s) URL"));
         }
-        Ok(())
+        self.reward.validate().map_err(|e| e.within("reward"))
     }
 }
 

@@ -253,6 +253,7 @@ mod tests {
             access: Some(Arc::new(FixedAccess(page.map(str::to_owned)))),
             python: None,
             functions: kart_tools::functions::Functions::default(),
+            rewards: Default::default(),
             retry: RetryPolicy { retries: 1, backoff_ms: 1 },
         };
         (ctx, seen)

@@ -3,6 +3,7 @@
 //! trainer's in-process pool and the rollout benchmark alike.
 
 use super::RolloutError;
+use crate::reward::Rewards;
 use kart_core::chat::ChatMessage;
 use kart_core::config::ConfigError;
 use kart_core::config::env::{EnvConfig, ToolsConfig};
@@ -34,6 +35,8 @@ pub struct Context {
     pub python: Option<Arc<PythonSandbox>>,
     /// The functions of the `tools` environment, by name.
     pub functions: Functions,
+    /// The reward services combined with the environments' own rewards.
+    pub rewards: Arc<Rewards>,
     pub retry: RetryPolicy,
 }
 
@@ -118,6 +121,7 @@ impl Context {
             access,
             python,
             functions,
+            rewards: Arc::new(Rewards::new(&config.reward)),
             retry: config.retry.clone(),
         })
     }

@@ -165,6 +165,7 @@ mod tests {
             access: None,
             python: None,
             functions: kart_tools::functions::Functions::default(),
+            rewards: Default::default(),
             retry: RetryPolicy { retries: 1, backoff_ms: 1 },
         }
     }

@@ -195,6 +195,7 @@ mod tests {
             access: None,
             python: python.map(|config| Arc::new(PythonSandbox::new(config).unwrap())),
             functions: kart_tools::functions::Functions::default(),
+            rewards: Default::default(),
             retry: RetryPolicy { retries: 1, backoff_ms: 1 },
         }
     }

@@ -415,6 +415,50 @@ mod tests {
         assert_eq!((t.reward, t.stats.tool_calls["calculator"].ok), (1.0, 1));
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reward_services_join_the_rule_and_a_failing_one_aborts() {
+        use kart_core::config::functions::CallLimits;
+        use kart_core::config::reward::{HttpReward, RewardConfig, RewardService};
+        let app = axum::Router::new().route(
+            "/score",
+            axum::routing::post(|| async {
+                axum::Json(json!({"scores": [{"score": 0.5, "metrics": {"x": 2.0}}]}))
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let dir = model_dir();
+        let config = calculator_only();
+        let service = |path: &str| HttpReward {
+            name: "rm".into(),
+            url: format!("{url}{path}"),
+            weight: 2.0,
+            batch_size: 1,
+            batch_wait_ms: 0,
+            limits: CallLimits { retry: Default::default(), ..CallLimits::default() },
+        };
+        for (path, expect) in [("/score", Some(0.5 * 1.0 + 2.0 * 0.5)), ("/missing", None)] {
+            let reward =
+                RewardConfig { rule_weight: 0.5, services: vec![RewardService::Http(service(path))] };
+            let engine = ScriptedEngine::new(Tokenizer::load(dir.path()).unwrap(), |_, _| {
+                Reply::Text("<answer>42</answer><|im_end|>".into())
+            });
+            let context = ContextConfig { reward, ..ContextConfig::default() };
+            let env = EnvConfig::Tools(config.clone());
+            let ctx = Context::build(&context, &env, Arc::new(engine), dir.path(), None).await.unwrap();
+            let t = run(&config, &ctx, &task(None)).await;
+            match expect {
+                Some(reward) => {
+                    assert_eq!((t.status, t.reward), (Status::Completed, reward));
+                    let parts = &t.stats.reward_scores;
+                    assert_eq!((parts["rule"], parts["rm"], parts["rm/x"]), (1.0, 0.5, 2.0));
+                }
+                None => assert_eq!(t.status, Status::Aborted, "a 404 from the service is not a zero"),
+            }
+        }
+    }
+
     #[test]
     fn answers_are_found_per_format() {
         assert_eq!(

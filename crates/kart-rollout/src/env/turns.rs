@@ -14,6 +14,7 @@
 use super::{Context, Environment, RolloutError};
 use crate::builder::TrajectoryBuilder;
 use crate::retry;
+use crate::reward::Scoring;
 use futures::future::BoxFuture;
 use kart_core::agent::trajectory::{Status, Trajectory};
 use kart_core::engine::EngineOutput;
@@ -126,13 +127,58 @@ async fn run<A: Agent>(
     let started = Instant::now();
     let Start { prompt_ids, mut protocol, max_tokens } = agent.start(ctx, task)?;
     let mut b = TrajectoryBuilder::new(id, task.id.clone(), &prompt_ids, ctx.tokenizer.clone());
-    let status = turns(ctx, task, &mut b, &mut protocol, sampling, max_tokens).await?;
-    let reward = protocol.reward(ctx, task, b.trajectory_mut())?;
+    let mut status = turns(ctx, task, &mut b, &mut protocol, sampling, max_tokens).await?;
+    let mut reward = protocol.reward(ctx, task, b.trajectory_mut())?;
+    if !ctx.rewards.is_rule_only() && status != Status::Aborted {
+        let scoring = scoring(ctx, task, b.trajectory_mut())?;
+        match ctx.rewards.combine(reward, &scoring).await {
+            Ok((total, parts)) => {
+                reward = total;
+                b.trajectory_mut().stats.reward_scores = parts;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, task = %task.id, "reward service failed; trajectory aborted");
+                status = Status::Aborted;
+            }
+        }
+    }
     let t = b.trajectory_mut();
     t.reward = reward;
     t.status = status;
     t.stats.latency_ms = started.elapsed().as_millis() as u64;
     Ok(b.finish())
+}
+
+/// A finished trajectory as reward services read it.
+fn scoring(ctx: &Context, task: &Task, t: &Trajectory) -> Result<Scoring, RolloutError> {
+    let ids = t.token_ids();
+    let mask = t.loss_mask();
+    // The last run of model tokens.
+    let last_turn = match (t.prompt_len()..ids.len()).rev().find(|&i| mask[i] == 1) {
+        Some(end) => {
+            let start = (t.prompt_len()..=end).rev().take_while(|&i| mask[i] == 1).last().unwrap_or(end);
+            &ids[start..=end]
+        }
+        None => &[],
+    };
+    let response = ctx.tokenizer.decode(&ids[t.prompt_len()..], true)?;
+    let question = match (&task.prompt, &task.messages) {
+        (Some(prompt), _) => prompt.clone(),
+        (None, Some(messages)) => {
+            messages.iter().rev().find(|m| m.role == "user").map(|m| m.content.clone()).unwrap_or_default()
+        }
+        (None, None) => String::new(),
+    };
+    Ok(Scoring {
+        id: t.id.clone(),
+        prompt_id: t.prompt_id.clone(),
+        data_source: task.data_source.clone(),
+        ground_truth: task.ground_truth.clone(),
+        question,
+        prompt: ctx.tokenizer.decode(&ids[..t.prompt_len()], false)?,
+        answer: Scoring::answer_of(&response, &ctx.tokenizer.decode(last_turn, true)?),
+        response,
+    })
 }
 
 /// The turns of an episode; returns how it ended.

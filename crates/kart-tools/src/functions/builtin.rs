@@ -29,12 +29,15 @@ pub struct SearchFunction {
     schema: Value,
 }
 
+/// The schema of the built-in `search` function.
+pub fn search_schema() -> Value {
+    let parameters = one_string_parameter("query", "What to search for.");
+    schema("search", "Search the knowledge base and return the most relevant passages.", parameters)
+}
+
 impl SearchFunction {
     pub fn new(search: Arc<dyn Search>, topk: usize) -> Self {
-        let parameters = one_string_parameter("query", "What to search for.");
-        let schema =
-            schema("search", "Search the knowledge base and return the most relevant passages.", parameters);
-        SearchFunction { search, topk, schema }
+        SearchFunction { search, topk, schema: search_schema() }
     }
 }
 

@@ -4,15 +4,13 @@
 //! exponential backoff, and limited to a number in flight.
 
 use super::schema;
+use crate::post::client;
+use crate::post::post_json;
 use kart_core::config::functions::{CallLimits, HttpFunction as HttpFunctionConfig};
 use kart_core::tool::{CallFailed, Called, Function};
+use reqwest::header::HeaderMap;
 use serde_json::Value;
-use std::time::Duration;
 use tokio::sync::Semaphore;
-
-/// Longest response body kept (longer ones are cut, the environment cuts again to its token
-/// limit).
-const MAX_BODY_BYTES: usize = 1 << 20;
 
 /// A function whose calls are HTTP requests.
 pub struct HttpFunction {
@@ -26,10 +24,7 @@ pub struct HttpFunction {
 impl HttpFunction {
     /// The function `config` describes (validated).
     pub fn new(config: &HttpFunctionConfig) -> Self {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs_f64(config.limits.timeout_secs))
-            .build()
-            .expect("a default HTTP client builds");
+        let client = client(config.limits.timeout_secs);
         HttpFunction {
             schema: schema(&config.name, &config.description, config.parameters.clone()),
             url: config.url.clone(),
@@ -37,29 +32,6 @@ impl HttpFunction {
             limits: config.limits.clone(),
             slots: Semaphore::new(config.limits.concurrency),
         }
-    }
-
-    /// One request: the result, or why it failed and whether a retry may help.
-    async fn attempt(&self, arguments: &Value) -> Result<String, (CallFailed, bool)> {
-        let failed = |reason: String, retry: bool| (CallFailed(reason), retry);
-        let response = self.client.post(&self.url).json(arguments).send().await.map_err(|e| {
-            let retry = e.is_connect() || e.is_timeout() || e.is_request();
-            failed(format!("{} could not be reached: {e}", self.name()), retry)
-        })?;
-        let status = response.status();
-        let body =
-            response.bytes().await.map_err(|e| failed(format!("reading the response failed: {e}"), true))?;
-        let text = String::from_utf8_lossy(&body[..body.len().min(MAX_BODY_BYTES)]).into_owned();
-        if !status.is_success() {
-            return Err(failed(
-                format!("{} answered {status}: {}", self.name(), text.trim()),
-                status.is_server_error(),
-            ));
-        }
-        Ok(match serde_json::from_str::<Value>(&text) {
-            Ok(Value::String(s)) => s,
-            _ => text,
-        })
     }
 }
 
@@ -71,20 +43,13 @@ impl Function for HttpFunction {
     fn call<'a>(&'a self, arguments: &'a Value) -> Called<'a> {
         Box::pin(async move {
             let _slot = self.slots.acquire().await.expect("the semaphore is never closed");
-            let mut delays = self.limits.retry.backoff().take(self.limits.retry.retries as usize);
-            loop {
-                match self.attempt(arguments).await {
-                    Ok(text) => return Ok(text),
-                    Err((e, true)) => match delays.next() {
-                        Some(delay) => {
-                            tracing::debug!(function = self.name(), error = %e, "function call failed; retrying");
-                            tokio::time::sleep(delay).await;
-                        }
-                        None => return Err(e),
-                    },
-                    Err((e, false)) => return Err(e),
-                }
-            }
+            let text = post_json(&self.client, &self.url, arguments, HeaderMap::new(), &self.limits.retry)
+                .await
+                .map_err(|e| CallFailed(format!("{}: {e}", self.name())))?;
+            Ok(match serde_json::from_str::<Value>(&text) {
+                Ok(Value::String(s)) => s,
+                _ => text,
+            })
         })
     }
 }
@@ -160,17 +125,20 @@ mod tests {
         assert_eq!(seen.lock().unwrap().len(), 3);
         let (url, seen) = serve(vec![(400, "no city"), (200, "\"ok\"")]);
         let err = function(&url, 2).call(&json!({})).await.unwrap_err();
-        assert_eq!(err.0, "weather answered 400 Bad Request: no city");
+        assert_eq!(err.0, format!("weather: {url} answered 400 Bad Request: no city"));
         assert_eq!(seen.lock().unwrap().len(), 1, "a 4xx is the caller's fault: not retried");
         let (url, _) = serve(vec![(500, "down"), (500, "still down")]);
         let err = function(&url, 1).call(&json!({})).await.unwrap_err();
-        assert_eq!(err.0, "weather answered 500 Internal Server Error: still down");
+        assert_eq!(err.0, format!("weather: {url} answered 500 Internal Server Error: still down"));
     }
 
     #[tokio::test]
     async fn an_unreachable_endpoint_fails_the_call() {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let err = function(&format!("http://127.0.0.1:{port}/call"), 1).call(&json!({})).await.unwrap_err();
-        assert!(err.0.starts_with("weather could not be reached"), "{err}");
+        assert!(
+            err.0.starts_with("weather: http://127.0.0.1") && err.0.contains("could not be reached"),
+            "{err}"
+        );
     }
 }

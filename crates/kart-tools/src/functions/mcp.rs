@@ -9,13 +9,13 @@
 //! forgot (404) is initialised again once.
 
 use super::schema;
+use crate::post::client;
 use kart_core::config::functions::{CallLimits, McpServer};
 use kart_core::tool::{CallFailed, Called, Function};
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 use tokio::sync::{RwLock, Semaphore};
 
 /// The protocol version kart asks for; the server may answer with another it supports.
@@ -66,10 +66,7 @@ impl McpClient {
     /// Connects to `server`, lists its tools and returns those `include` selects (all when
     /// empty; a name it does not have is an error).
     pub async fn connect(server: &McpServer) -> Result<Vec<McpTool>, McpError> {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs_f64(server.limits.timeout_secs))
-            .build()
-            .expect("a default HTTP client builds");
+        let client = client(server.limits.timeout_secs);
         let client = Arc::new(McpClient {
             url: server.url.clone(),
             client,

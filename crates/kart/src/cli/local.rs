@@ -6,17 +6,17 @@ use anyhow::Context;
 use clap::Args;
 use kart::local::copy_drill::copy_drills;
 use kart::local::copy_probe::{self, CopyProbe, ProbeSet};
+use kart::local::format::AgentFormat;
 use kart::local::gold::GoldConfig;
-use kart::local::warm_start::{self, WarmStart};
+use kart::local::warm_start::{self, Agent, WarmStart};
 use kart::local::world::{DatasetPaths, World, WorldConfig};
-use kart_core::config::env::{EnvConfig, SearchR1Config};
 use kart_core::config::train::{
     AdvantageEstimator, AlgorithmConfig, BatchConfig, CheckpointConfig, DataConfig, Device, EvalConfig,
     OptimConfig, RolloutSource, Sampling, TrainConfig,
 };
 use kart_model::{CausalLm, ModelConfig, QwenSizes, save_pretrained};
 use kart_retriever::bm25::{self, Bm25Index};
-use kart_tokenizer::{CHATML, ChatTemplate, Tokenizer};
+use kart_tokenizer::{ChatTemplate, Tokenizer};
 use kart_train::eval::Evaluation;
 use kart_train::record::keys;
 use kart_train::server::StatusHandle;
@@ -42,6 +42,11 @@ pub struct LocalArgs {
     /// Seed of the world, the model and every sampling decision.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// How the agent calls its search tool: `search-r1` (`<search>` tags, the Search-R1
+    /// environment) or `tools` (function calls in Qwen2.5's chat-template format, the tools
+    /// environment).
+    #[arg(long, value_enum, default_value_t = AgentFormat::SearchR1)]
+    env: AgentFormat,
     /// People in the world (companies and cities scale with it).
     #[arg(long, default_value_t = 3000)]
     persons: usize,
@@ -138,6 +143,7 @@ pub struct LocalArgs {
 struct Config {
     out: PathBuf,
     seed: u64,
+    format: AgentFormat,
     world: WorldConfig,
     hidden: usize,
     layers: usize,
@@ -290,6 +296,7 @@ impl Config {
         Ok(Config {
             out: args.out.clone(),
             seed: args.seed,
+            format: args.env,
             world: WorldConfig {
                 persons,
                 cities: (persons / 20).max(10),
@@ -350,7 +357,7 @@ fn build_world(config: &Config) -> anyhow::Result<WorldOnDisk> {
     let world_dir = config.out.join("world");
     std::fs::create_dir_all(&world_dir)?;
     world.write_corpus(&world_dir.join("corpus.jsonl"))?;
-    let data = world.write_dataset(&world_dir)?;
+    let data = world.write_dataset(&world_dir, config.format)?;
     let index_dir = world_dir.join("index");
     if index_dir.exists() {
         std::fs::remove_dir_all(&index_dir)?;
@@ -390,9 +397,10 @@ fn base_model(config: &Config, world: &World) -> anyhow::Result<BaseModel> {
                 .warm_start
                 .iter()
                 .chain(&world.train)
-                .filter_map(|q| q.to_prompt().ok()?.messages?.pop().map(|m| m.content)),
+                .filter_map(|q| q.to_prompt(config.format).ok()?.messages?.pop().map(|m| m.content)),
         )
         .chain(world.warm_start.iter().map(|q| q.answer.clone()))
+        .chain(config.format.vocabulary())
         .collect();
     let tokenizer = Tokenizer::train_byte_level_bpe(
         texts.iter().map(String::as_str),
@@ -415,7 +423,7 @@ fn base_model(config: &Config, world: &World) -> anyhow::Result<BaseModel> {
     let model_config = ModelConfig::qwen2(sizes)?;
     let model = CausalLm::random(model_config.clone(), tch::Device::Cpu, config.seed)?;
     save_pretrained(&dir, &model_config, &model.named_tensors(), None, tch::Kind::Float)?;
-    tokenizer.save(&dir, Some(CHATML))?;
+    tokenizer.save(&dir, Some(config.format.chat_template()))?;
     let template = ChatTemplate::load(&dir)?.context("the saved model has a chat template")?;
     Ok(BaseModel { dir, config: model_config, model, tokenizer, template })
 }
@@ -435,8 +443,8 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
     let BaseModel { dir: base_dir, config: model_config, model, tokenizer, template } = base;
     let parameters: i64 = model.named_tensors().iter().map(|(_, t)| t.numel() as i64).sum();
     let gold = GoldConfig { seed: config.seed, ..config.warm_start.gold };
-    let trajectories =
-        warm_start::gold_trajectories(&world.world, &gold, &world.index, &tokenizer, &template, 3)?;
+    let agent = Agent { format: config.format, tokenizer: &tokenizer, template: &template };
+    let trajectories = warm_start::gold_trajectories(&world.world, &gold, &world.index, &agent, 3)?;
     let mean_len =
         trajectories.iter().map(|t| t.len()).sum::<usize>() as f64 / trajectories.len().max(1) as f64;
     eprintln!(
@@ -458,7 +466,7 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
         warm_started.elapsed().as_secs_f64(),
         warm_start::end_loss(&updates)
     );
-    let probe_set = ProbeSet::new(&world.world, &world.index, &tokenizer, &template, 3)?;
+    let probe_set = ProbeSet::new(&world.world, &world.index, &agent, 3)?;
     let round =
         WarmStart { steps: ws.steps / 4, drill_steps: ws.drill_steps / 6, lr: ws.lr / 2.0, ..ws.clone() };
     let (probe, extra_rounds) = copy_probe::train_until_copies(
@@ -533,14 +541,7 @@ async fn reinforce(config: &Config, world: &WorldOnDisk, warm: &Path) -> anyhow:
         rollout: RolloutSource {
             index: Some(world.index_dir.clone()),
             max_batch: 128,
-            env: EnvConfig::SearchR1(SearchR1Config {
-                max_turns: 2,
-                topk: 3,
-                max_response_length: 64,
-                max_obs_length: 512,
-                max_trajectory_tokens: 2048,
-                ..SearchR1Config::default()
-            }),
+            env: config.format.env(),
             sampling: Sampling { temperature: config.temperature, ..Sampling::default() },
             max_staleness: config.max_staleness,
             ..RolloutSource::default()

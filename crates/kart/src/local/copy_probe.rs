@@ -12,12 +12,12 @@
 //! the model's.
 
 use super::gold::{GoldConfig, Segment};
-use super::warm_start::{GoldError, gold_trajectory};
+use super::warm_start::{Agent, GoldError, gold_trajectory};
 use super::world::World;
 use kart_core::agent::trajectory::Trajectory;
 use kart_model::CausalLm;
 use kart_retriever::LocalIndex;
-use kart_tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
+use kart_tokenizer::{Tokenizer, TokenizerError};
 use kart_train::batch::{MicroBatch, Sample};
 use serde::Serialize;
 use std::ops::Range;
@@ -78,16 +78,14 @@ impl ProbeSet {
     pub fn new(
         world: &World,
         index: &dyn LocalIndex,
-        tokenizer: &Tokenizer,
-        template: &ChatTemplate,
+        agent: &Agent<'_>,
         topk: usize,
     ) -> Result<ProbeSet, GoldError> {
         let correct = GoldConfig { corrupt_share: 0.0, year_guess_share: 0.0, first_hop_share: 0.0, seed: 0 };
         let mut samples = Vec::new();
         for question in world.train.iter().take(PROBE_QUESTIONS) {
-            let (trajectory, segments) =
-                gold_trajectory(world, question, &correct, index, tokenizer, template, topk)?;
-            if let Some(span) = value_span(&trajectory, &segments, &question.answer, tokenizer)? {
+            let (trajectory, segments) = gold_trajectory(world, question, &correct, index, agent, topk)?;
+            if let Some(span) = value_span(&trajectory, &segments, &question.answer, agent.tokenizer)? {
                 let mut sample = Sample::new(&trajectory, 0, true);
                 sample.loss_mask = vec![0.0; sample.len()];
                 sample.loss_mask[span].fill(1.0);
@@ -161,9 +159,10 @@ pub fn train_until_copies<E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::local::format::AgentFormat;
     use crate::local::world::WorldConfig;
     use kart_model::{ModelConfig, QwenSizes};
-    use kart_tokenizer::CHATML;
+    use kart_tokenizer::ChatTemplate;
 
     fn probe(copied: usize) -> CopyProbe {
         CopyProbe { copied, values: 10 }
@@ -221,18 +220,27 @@ mod tests {
             "<|endoftext|>",
         )
         .unwrap();
-        tokenizer.save(dir.path(), Some(CHATML)).unwrap();
-        let template = ChatTemplate::load(dir.path()).unwrap().unwrap();
-        let set = ProbeSet::new(&world, &index, &tokenizer, &template, 3).unwrap();
-        assert!(set.samples.len() >= 20, "most searches return the answer: {}", set.samples.len());
-        for sample in &set.samples {
-            let marked: Vec<u32> = (0..sample.len())
-                .filter(|&t| sample.loss_mask[t] == 1.0)
-                .map(|t| sample.token_ids[t] as u32)
-                .collect();
-            let text = tokenizer.decode(&marked, false).unwrap();
-            // Each sample's marked tokens are exactly one answer of the split.
-            assert!(world.train.iter().any(|q| text == format!(" {}", q.answer)), "{text:?}");
+        let mut sets = Vec::new();
+        for format in [AgentFormat::SearchR1, AgentFormat::Tools] {
+            tokenizer.save(dir.path(), Some(format.chat_template())).unwrap();
+            let template = ChatTemplate::load(dir.path()).unwrap().unwrap();
+            let agent = Agent { format, tokenizer: &tokenizer, template: &template };
+            let set = ProbeSet::new(&world, &index, &agent, 3).unwrap();
+            assert!(
+                set.samples.len() >= 20,
+                "{format:?}: most searches return the answer: {}",
+                set.samples.len()
+            );
+            for sample in &set.samples {
+                let marked: Vec<u32> = (0..sample.len())
+                    .filter(|&t| sample.loss_mask[t] == 1.0)
+                    .map(|t| sample.token_ids[t] as u32)
+                    .collect();
+                let text = tokenizer.decode(&marked, false).unwrap();
+                // Each sample's marked tokens are exactly one answer of the split.
+                assert!(world.train.iter().any(|q| text == format!(" {}", q.answer)), "{format:?}: {text:?}");
+            }
+            sets.push(set);
         }
         let sizes = QwenSizes {
             vocab_size: tokenizer.vocab_size(),
@@ -246,8 +254,10 @@ mod tests {
             initializer_range: 0.1,
         };
         let model = CausalLm::random(ModelConfig::qwen2(sizes).unwrap(), tch::Device::Cpu, 1).unwrap();
-        let result = set.measure(&model);
-        assert_eq!(result.values, set.samples.len());
-        assert!(result.copied <= 1 && !result.passed(), "{result:?}");
+        for set in &sets {
+            let result = set.measure(&model);
+            assert_eq!(result.values, set.samples.len());
+            assert!(result.copied <= 1 && !result.passed(), "{result:?}");
+        }
     }
 }

@@ -24,7 +24,7 @@ use kart_core::agent::search_r1::{execute, parse_action};
 pub enum Segment {
     /// A model turn. `guess`, when set, is a value the turn makes up (the answer of a trajectory
     /// that does not search, the other entity of a wrong query): written first at its first
-    /// occurrence after a space in `turn`, it is the one part of a model turn the warm start does
+    /// occurrence after a space or a quote in `turn`, it is the one part of a model turn the warm start does
     /// not train, because training guesses teaches a prior over names and values instead of
     /// copying them. Later occurrences repeat it and are trained.
     Model { turn: String, guess: Option<String> },

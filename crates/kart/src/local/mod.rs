@@ -5,6 +5,8 @@
 //!   `corpus` and `questions` from names made in `names`;
 //! - [`gold`]: gold trajectories in the Search-R1 format (some deliberately imperfect) for the
 //!   supervised warm start;
+//! - [`format`]: how the agent calls its search tool (Search-R1's tags or function calls), and
+//!   what follows from it;
 //! - [`copy_drill`]: copy drills, the model's first lesson (copying what it has read);
 //! - [`warm_start`]: the gold trajectories tokenised as rollouts tokenise them, and the
 //!   supervised training on the drills, then on them;
@@ -14,6 +16,7 @@
 pub mod copy_drill;
 pub mod copy_probe;
 mod corpus;
+pub mod format;
 pub mod gold;
 mod names;
 mod questions;

@@ -4,10 +4,10 @@
 //! with cross-entropy on the model turns (but for the values imperfect turns make up) and on the
 //! observation tokens a model could copy from earlier in the trajectory (never on the prompt).
 
+use super::format::{AgentFormat, FormatError};
 use super::gold::{GoldConfig, Segment};
 use super::world::{Question, World};
 use indicatif::ProgressBar;
-use kart_core::agent::search_r1::PromptError;
 use kart_core::agent::search_r1::passages_to_string;
 use kart_core::agent::trajectory::Trajectory;
 use kart_core::config::train::{OptimConfig, Schedule};
@@ -42,7 +42,7 @@ pub enum GoldError {
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     #[error("question {id}: {source}")]
-    Prompt { id: String, source: PromptError },
+    Format { id: String, source: FormatError },
     #[error("gold turn {turn:?}: {reason}")]
     Turn { turn: String, reason: String },
 }
@@ -52,15 +52,22 @@ pub fn gold_trajectories(
     world: &World,
     gold: &GoldConfig,
     index: &dyn LocalIndex,
-    tokenizer: &Tokenizer,
-    template: &ChatTemplate,
+    agent: &Agent<'_>,
     topk: usize,
 ) -> Result<Vec<Trajectory>, GoldError> {
     world
         .warm_start
         .iter()
-        .map(|q| gold_trajectory(world, q, gold, index, tokenizer, template, topk).map(|(t, _)| t))
+        .map(|q| gold_trajectory(world, q, gold, index, agent, topk).map(|(t, _)| t))
         .collect()
+}
+
+/// What the agent's trajectories are written with: its format, tokenizer and chat template.
+#[derive(Clone, Copy)]
+pub struct Agent<'a> {
+    pub format: AgentFormat,
+    pub tokenizer: &'a Tokenizer,
+    pub template: &'a ChatTemplate,
 }
 
 /// The gold trajectory of `question`, token-exact, with the segments it was made of.
@@ -69,19 +76,20 @@ pub fn gold_trajectory(
     question: &Question,
     gold: &GoldConfig,
     index: &dyn LocalIndex,
-    tokenizer: &Tokenizer,
-    template: &ChatTemplate,
+    agent: &Agent<'_>,
     topk: usize,
 ) -> Result<(Trajectory, Vec<Segment>), GoldError> {
-    let q = question;
-    let prompt = q.to_prompt().map_err(|source| GoldError::Prompt { id: q.id.clone(), source })?;
-    let text = template.render(&prompt.messages.unwrap_or_default(), true, serde_json::Value::Null)?;
-    let mut t = Trajectory::new(q.id.clone(), q.id.clone(), &tokenizer.encode(&text, false)?);
+    let (q, tokenizer) = (question, agent.tokenizer);
     let search = |query: &str| {
         let hits = index.search_batch(&[query.to_string()], topk).map(|mut r| r.pop().unwrap_or_default());
         passages_to_string(&hits.unwrap_or_default())
     };
     let segments = world.gold_trajectory(q, gold, search);
+    let (prompt, segments) = agent
+        .format
+        .gold(&q.question, segments, agent.template, tokenizer, search)
+        .map_err(|source| GoldError::Format { id: q.id.clone(), source })?;
+    let mut t = Trajectory::new(q.id.clone(), q.id.clone(), &tokenizer.encode(&prompt, false)?);
     for segment in &segments {
         match segment {
             Segment::Model { turn, guess } => push_turn(&mut t, turn, guess.as_deref(), tokenizer)?,
@@ -105,10 +113,15 @@ fn push_turn(
         t.push_model(ids, &vec![0.0; ids.len()], 0).map_err(|e| gold_error(e.to_string()))
     };
     let Some(g) = guess else { return push(t, &tokenizer.encode(turn, false)?) };
+    // Its first occurrence as a word: after a space (kept with it, as the tokenizer keeps it)
+    // or after a quote (a function call's JSON argument).
     let at = turn
-        .find(&format!(" {g}"))
+        .match_indices(g)
+        .map(|(i, _)| i)
+        .find(|&i| turn[..i].ends_with([' ', '"']))
         .ok_or_else(|| gold_error(format!("the guess {g:?} is not in the turn {turn:?}")))?;
-    let end = at + g.len() + 1;
+    let end = at + g.len();
+    let at = if turn[..at].ends_with(' ') { at - 1 } else { at };
     let before = tokenizer.encode(&turn[..at], false)?;
     let guessed = tokenizer.encode(&turn[at..end], false)?;
     let after = tokenizer.encode(&turn[end..], false)?;

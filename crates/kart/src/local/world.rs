@@ -16,11 +16,11 @@
 //! answer) occurs in a question of another split, so neither the held-out nor the RL questions
 //! can be answered from what the supervised warm start memorised; only by searching.
 
+use super::format::AgentFormat;
 use super::names::Namer;
 use super::rng::Rng;
+use kart_core::agent::search_r1::PromptError;
 use kart_core::agent::search_r1::contents;
-use kart_core::agent::search_r1::{PromptError, make_prefix};
-use kart_core::chat::ChatMessage;
 use kart_core::wire::Task;
 use kart_train::data::{DataError, write_search_r1};
 use std::collections::{HashMap, HashSet};
@@ -228,11 +228,12 @@ pub struct Question {
 }
 
 impl Question {
-    /// The training prompt: the Search-R1 prompt around the question, the answer as ground truth.
-    pub fn to_prompt(&self) -> Result<Task, PromptError> {
+    /// The training prompt in `format` (the Search-R1 prompt around the question, or the
+    /// question alone), the answer as ground truth.
+    pub fn to_prompt(&self, format: AgentFormat) -> Result<Task, PromptError> {
         Ok(Task {
             id: self.id.clone(),
-            messages: Some(vec![ChatMessage::new("user", make_prefix(&self.question)?)]),
+            messages: Some(format.prompt(&self.question)?),
             prompt: None,
             ground_truth: vec![self.answer.clone()],
             data_source: self.data_source.clone(),
@@ -420,7 +421,7 @@ impl World {
 
     /// Writes `train.parquet`, `test.parquet` and `warm-start.parquet` (Search-R1 rows) into
     /// `dir`, creating it.
-    pub fn write_dataset(&self, dir: &Path) -> Result<DatasetPaths, WorldError> {
+    pub fn write_dataset(&self, dir: &Path, format: AgentFormat) -> Result<DatasetPaths, WorldError> {
         std::fs::create_dir_all(dir).map_err(|source| WorldError::Io { path: dir.to_owned(), source })?;
         let paths = DatasetPaths {
             train: dir.join("train.parquet"),
@@ -432,7 +433,7 @@ impl World {
             (&self.test, &paths.test, "test"),
             (&self.warm_start, &paths.warm_start, "warm-start"),
         ] {
-            let prompts = questions.iter().map(Question::to_prompt).collect::<Result<Vec<_>, _>>()?;
+            let prompts = questions.iter().map(|q| q.to_prompt(format)).collect::<Result<Vec<_>, _>>()?;
             write_search_r1(path, &prompts, "fact-reasoning", split)?;
         }
         Ok(paths)

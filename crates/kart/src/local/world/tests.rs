@@ -145,15 +145,16 @@ fn the_corpus_and_the_dataset_are_written_in_search_r1_formats() {
         serde_json::json!({"id": "7", "contents": contents(&world.passages[7].title, &world.passages[7].text)})
     );
 
-    let paths = world.write_dataset(&dir.path().join("data")).unwrap();
+    let paths = world.write_dataset(&dir.path().join("data"), AgentFormat::SearchR1).unwrap();
     for (path, questions) in
         [(&paths.train, &world.train), (&paths.test, &world.test), (&paths.warm_start, &world.warm_start)]
     {
         let read = Dataset::load(path, DataFormat::SearchR1, false, 0).unwrap();
-        let expected: Vec<Task> = questions.iter().map(|q| q.to_prompt().unwrap()).collect();
+        let expected: Vec<Task> =
+            questions.iter().map(|q| q.to_prompt(AgentFormat::SearchR1).unwrap()).collect();
         assert_eq!(read.prompts, expected);
     }
-    let prompt = world.test[0].to_prompt().unwrap();
+    let prompt = world.test[0].to_prompt(AgentFormat::SearchR1).unwrap();
     assert!(
         prompt.messages.unwrap()[0].content.ends_with(&format!("Question: {}\n", world.test[0].question))
     );
