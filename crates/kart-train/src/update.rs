@@ -921,8 +921,11 @@ mod tests {
             assert!(moved > 1e-4, "the steps moved the parameters ({moved})");
             let diff =
                 one.iter().zip(&many).map(|(a, b)| (a - b).abs().max().double_value(&[])).fold(0.0, f64::max);
+            // Ranks sum gradients in another order; Adam's normalisation makes the rounding of a
+            // near-zero gradient a visible part of its update. 2% of one step (lr 1e-3) bounds it
+            // on every CPU seen (1.3e-5 with 3 ranks on AVX-512 BF16 kernels).
             let mode = config.algorithm.loss_agg_mode;
-            assert!(diff <= 1e-5, "{world} ranks, {mode:?}, critic {with_critic}: max abs difference {diff}");
+            assert!(diff <= 2e-5, "{world} ranks, {mode:?}, critic {with_critic}: max abs difference {diff}");
         }
     }
 

@@ -178,6 +178,9 @@ impl Protocol for ToolsEpisode<'_> {
         };
         let parsed = parse(self.config.format, &body);
         if parsed.calls.is_empty() {
+            // A valid final turn holds an answer where the config looks for one.
+            trajectory.stats.valid_actions +=
+                u32::from(extract(self.config.answer, &parsed.content).is_some());
             self.answer = Some(parsed.content);
             return Ok(Next::Done);
         }
@@ -193,7 +196,8 @@ impl Protocol for ToolsEpisode<'_> {
             let text = result.unwrap_or_else(|error| error);
             responses.push(ChatMessage::new("tool", self.cut(ctx, text)?));
         }
-        trajectory.stats.valid_actions += parsed.calls.iter().filter(|c| c.is_ok()).count() as u32;
+        // A valid call turn is one whose calls could all be read.
+        trajectory.stats.valid_actions += u32::from(parsed.calls.iter().all(Result::is_ok));
         let calls = parsed.calls.into_iter().filter_map(Result::ok).collect();
         let assistant = ChatMessage::assistant(parsed.content, calls);
         let text = self.conversation.respond(template(ctx)?, assistant, end_token.as_deref(), responses)?;
@@ -324,6 +328,7 @@ mod tests {
         let t = run(&config, &ctx, &task(None)).await;
         assert_eq!((t.status, t.reward), (Status::Completed, 1.0));
         assert_eq!((t.stats.tool_calls["calculator"].ok, t.stats.tool_calls["calculator"].failed), (1, 0));
+        assert_eq!((t.stats.valid_actions, t.stats.turns), (2, 2), "a readable call, then an answer");
         let conversation = [
             ChatMessage::new("user", "What is 6 times 7?"),
             ChatMessage::assistant(
@@ -363,6 +368,7 @@ mod tests {
         let ctx = context(dir.path(), &config, vec![calls, "<answer>41</answer><|im_end|>"]).await;
         let t = run(&config, &ctx, &task(None)).await;
         assert_eq!((t.status, t.reward), (Status::Completed, 0.0));
+        assert_eq!((t.stats.valid_actions, t.stats.turns), (1, 2), "one call could not be read");
         let failed = |name: &str| t.stats.tool_calls.get(name).map(|c| (c.ok, c.failed));
         assert_eq!(
             (failed("invalid"), failed("unknown"), failed("calculator")),

@@ -146,8 +146,10 @@ impl Function for CalculatorFunction {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::python::SandboxConfig;
+    use futures::future::BoxFuture;
     use kart_core::agent::search_r1::{RetrievalResult, document};
-    use kart_core::tool::Searched;
+    use kart_core::tool::{Searched, ToolError};
 
     struct OnePassage;
 
@@ -172,5 +174,32 @@ mod tests {
         let err = calculator.call(&json!({"expression": "6 *"})).await.unwrap_err();
         assert!(!err.0.is_empty() && !err.0.starts_with("Error"), "{err}");
         assert_eq!(calculator.call(&json!({})).await.unwrap_err().0, "missing the argument `expression`");
+    }
+
+    /// Pages by URL; any other URL fails as a reader would.
+    struct Pages;
+
+    impl Access for Pages {
+        fn access<'a>(&'a self, url: &'a str) -> BoxFuture<'a, Result<String, ToolError>> {
+            let page = match url {
+                "https://example.org/a" => Ok("# A\n\nSome text.".to_owned()),
+                _ => Err(ToolError { tool: "access", reason: format!("{url}: 404 Not Found") }),
+            };
+            Box::pin(std::future::ready(page))
+        }
+    }
+
+    #[tokio::test]
+    async fn access_and_python_run_on_their_tools() {
+        let access = AccessFunction::new(Arc::new(Pages));
+        assert_eq!(access.call(&json!({"url": "https://example.org/a"})).await.unwrap(), "# A\n\nSome text.");
+        let err = access.call(&json!({"url": "https://example.org/b"})).await.unwrap_err();
+        assert_eq!(err.0, "https://example.org/b: 404 Not Found");
+        let config = SandboxConfig { timeout_secs: 5, cpu_secs: 5, ..SandboxConfig::default() };
+        let python = PythonFunction::new(Arc::new(PythonSandbox::new(config).unwrap()));
+        assert_eq!(python.name(), "python");
+        assert_eq!(python.call(&json!({"code": "print(6 * 7)"})).await.unwrap(), "42");
+        let err = python.call(&json!({"code": "1 / 0"})).await.unwrap_err();
+        assert!(err.0.contains("ZeroDivisionError"), "{err}");
     }
 }
