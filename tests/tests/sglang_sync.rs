@@ -226,6 +226,10 @@ fn restart_a_after(setup: &mut Setup, trainer: &std::process::Child, version: &s
     let pid = trainer.id() as libc::pid_t;
     // SAFETY: signals to the trainer this test started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // The old server goes first: while it holds the port, the readiness poll would reach it and
+    // not the new one, which may still be loading when the trainer resumes.
+    let _ = setup.a.0.0.kill();
+    let _ = setup.a.0.0.wait();
     setup.a = sglang_on(&setup.dir, "a-restarted", a_port, replica);
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
 }
