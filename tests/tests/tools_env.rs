@@ -22,8 +22,12 @@ use std::time::{Duration, Instant};
 
 /// `tests/mcp/server.py` on a free port, and its config once it lists its tools.
 async fn mcp_server() -> Option<(Child, McpServer, Vec<McpTool>)> {
+    mcp_server_on(free_port()).await
+}
+
+/// `tests/mcp/server.py` on `port`, and its config once it lists its tools.
+async fn mcp_server_on(port: u16) -> Option<(Child, McpServer, Vec<McpTool>)> {
     let python = kart_testing::python()?;
-    let port = free_port();
     let child = Command::new(python)
         .arg(repo_root().join("tests/mcp/server.py"))
         .arg(port.to_string())
@@ -135,4 +139,19 @@ async fn an_mcp_server_s_tools_are_listed_and_called() {
         text.contains("<|im_start|>user\n<tool_response>\nTokyo\n</tool_response>\n<tool_response>\nError: "),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_the_server_forgot_is_initialised_again() {
+    let Some((mut server, config, tools)) = mcp_server().await else {
+        eprintln!("skipped: no venv Python");
+        return;
+    };
+    assert_eq!(tools[0].call(&json!({"a": 1, "b": 2})).await.unwrap(), "3");
+    // A restarted server knows no session: it answers the old session id with 404.
+    let port: u16 = config.url.rsplit(':').next().unwrap().trim_end_matches("/mcp").parse().unwrap();
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+    let (_restarted, _, _) = mcp_server_on(port).await.unwrap();
+    assert_eq!(tools[0].call(&json!({"a": 20, "b": 22})).await.unwrap(), "42", "the tool object from before");
 }
