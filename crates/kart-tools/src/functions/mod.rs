@@ -44,15 +44,6 @@ impl Functions {
     pub fn schemas(&self) -> Vec<Value> {
         self.order.iter().map(|name| self.by_name[name].schema().clone()).collect()
     }
-
-    /// The names, in the configured order.
-    pub fn names(&self) -> &[String] {
-        &self.order
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
-    }
 }
 
 impl std::fmt::Debug for Functions {
