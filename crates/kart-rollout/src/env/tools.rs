@@ -465,6 +465,31 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn functions_without_a_back_end_or_with_one_name_twice_are_refused() {
+        let dir = model_dir();
+        let path = dir.path().to_path_buf();
+        let build = |functions: Vec<FunctionConfig>| {
+            let engine =
+                ScriptedEngine::new(Tokenizer::load(&path).unwrap(), |_, _| Reply::Text(String::new()));
+            let env = EnvConfig::Tools(ToolsConfig { functions, ..ToolsConfig::default() });
+            let path = path.clone();
+            async move { Context::build(&ContextConfig::default(), &env, Arc::new(engine), &path, None).await }
+        };
+        let err = build(vec![
+            FunctionConfig::Builtin(Builtin::Calculator),
+            FunctionConfig::Builtin(Builtin::Search),
+        ])
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.starts_with("functions[1] = search: needs a back end"), "{err}");
+        let twice = vec![FunctionConfig::Builtin(Builtin::Calculator); 2];
+        let err = build(twice).await.err().unwrap().to_string();
+        assert_eq!(err, "two functions are named `calculator`; names must be unique");
+    }
+
     #[test]
     fn answers_are_found_per_format() {
         assert_eq!(
