@@ -24,6 +24,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::post;
 use kart_core::config::ConfigError;
+use kart_core::config::env::EnvConfig;
 use kart_core::config::rollout::RolloutConfig;
 use kart_core::engine::{Engine, LoadWeights};
 use kart_core::wire::{RolloutLine, RolloutRequest, WeightSource};
@@ -161,6 +162,14 @@ impl Worker {
                     self.env.name(),
                     env.name()
                 ),
+            ));
+        }
+        if let (EnvConfig::Tools(asked), EnvConfig::Tools(own)) = (config, &self.config.env)
+            && asked.functions != own.functions
+        {
+            return Err(ApiError::invalid(
+                "env.functions",
+                "a request may not change this worker's functions: their back ends are connected when it starts",
             ));
         }
         if config.runs_python() && self.ctx.python.is_none() {
@@ -537,6 +546,22 @@ mod tests {
         assert_eq!(refusal(&app, python).await, (StatusCode::UNPROCESSABLE_ENTITY, json!("env.tools")));
         let settings =
             json!({"prompts": prompts(1), "env": {"kind": "tir", "tools": ["calculator"], "max_turns": 1}});
+        assert_eq!(post(app, "/rollout", settings).await.status(), StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn a_request_may_not_change_the_functions_of_a_tools_worker() {
+        let calculator: EnvConfig =
+            serde_json::from_value(json!({"kind": "tools", "functions": [{"builtin": "calculator"}]}))
+                .unwrap();
+        let engine = Arc::new(answering_engine());
+        let (worker, registry) = worker_on(WorkerEngine { engine, weights: None }, |c| c.env = calculator);
+        let app = router(worker, registry);
+        let other =
+            json!({"prompts": prompts(1), "env": {"kind": "tools", "functions": [{"builtin": "python"}]}});
+        assert_eq!(refusal(&app, other).await, (StatusCode::UNPROCESSABLE_ENTITY, json!("env.functions")));
+        let settings = json!({"prompts": prompts(1),
+            "env": {"kind": "tools", "functions": [{"builtin": "calculator"}], "max_turns": 1}});
         assert_eq!(post(app, "/rollout", settings).await.status(), StatusCode::OK);
     }
 
