@@ -248,6 +248,7 @@ mod tests {
             (request["model"].as_str(), request["temperature"].as_f64()),
             (Some("judge-model"), Some(0.0))
         );
+        assert_eq!(request["max_tokens"], 8);
         assert_eq!(auth.as_deref(), Some("Bearer sk-test"));
         let prompt = request["messages"][0]["content"].as_str().unwrap();
         assert!(

@@ -132,6 +132,58 @@ mod tests {
         assert_eq!(err.0, format!("weather: {url} answered 500 Internal Server Error: still down"));
     }
 
+    /// A server holding each request 100 ms, reporting the most it held at once.
+    async fn counting_server() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/call", listener.local_addr().unwrap());
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let seen = most.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let (now, most) = (now.clone(), most.clone());
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !String::from_utf8_lossy(&request).contains("\r\n\r\n{") {
+                        let n = stream.read(&mut buf).await.unwrap();
+                        request.extend_from_slice(&buf[..n]);
+                    }
+                    let held = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(held, Ordering::SeqCst);
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    let reply = "HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\n\"ok\"";
+                    stream.write_all(reply.as_bytes()).await.unwrap();
+                });
+            }
+        });
+        (url, seen)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_in_flight_stay_within_the_concurrency() {
+        use std::sync::atomic::Ordering;
+        for concurrency in [1, 3] {
+            let (url, most) = counting_server().await;
+            let mut config = HttpFunctionConfig {
+                name: "slow".into(),
+                description: String::new(),
+                parameters: json!({"type": "object"}),
+                url,
+                limits: CallLimits::default(),
+            };
+            config.limits.concurrency = concurrency;
+            let slow = HttpFunction::new(&config);
+            let arguments = json!({});
+            let calls = futures::future::join_all((0..3).map(|_| slow.call(&arguments))).await;
+            assert!(calls.iter().all(|c| c.as_deref() == Ok("ok")), "{calls:?}");
+            assert_eq!(most.load(Ordering::SeqCst), concurrency, "concurrency {concurrency}");
+        }
+    }
+
     #[tokio::test]
     async fn an_unreachable_endpoint_fails_the_call() {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
