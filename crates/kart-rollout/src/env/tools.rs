@@ -223,11 +223,7 @@ impl Protocol for ToolsEpisode<'_> {
 /// The answer a final message holds, per `format`.
 fn extract(format: AnswerFormat, text: &str) -> Option<String> {
     match format {
-        AnswerFormat::Tagged => {
-            let start = text.rfind("<answer>")? + "<answer>".len();
-            let end = text[start..].find("</answer>")? + start;
-            Some(text[start..end].trim().to_owned())
-        }
+        AnswerFormat::Tagged => asearcher::extract_solution(text).map(str::to_owned),
         AnswerFormat::Boxed => math::extract_answer(text),
         AnswerFormat::Content => Some(text.trim().to_owned()),
     }

@@ -115,11 +115,7 @@ impl Rewards {
 impl Scoring {
     /// The answer of `response`: its last `<answer>…</answer>`, else `last_turn`.
     pub fn answer_of(response: &str, last_turn: &str) -> String {
-        let tagged = response.rfind("<answer>").and_then(|start| {
-            let start = start + "<answer>".len();
-            response[start..].find("</answer>").map(|end| response[start..start + end].trim().to_owned())
-        });
-        tagged.unwrap_or_else(|| last_turn.trim().to_owned())
+        kart_core::reward::asearcher::extract_solution(response).unwrap_or(last_turn.trim()).to_owned()
     }
 }
 
