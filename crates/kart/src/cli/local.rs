@@ -74,9 +74,10 @@ pub struct LocalArgs {
     /// Largest vocabulary of the tokenizer (BPE stops merging once every word is one token).
     #[arg(long, default_value_t = 8192)]
     vocab: usize,
-    /// Warm-start updates on the gold trajectories.
-    #[arg(long, default_value_t = 2000)]
-    warm_steps: u64,
+    /// Warm-start updates on the gold trajectories (default: 2000, and 3000 with `--env tools`,
+    /// whose trajectories are half again as long).
+    #[arg(long)]
+    warm_steps: Option<u64>,
     /// Updates on copy drills (words of the corpus, then the same words again) before the gold
     /// trajectories: the model made from scratch learns to copy what it has read before it
     /// learns the agent's format (0: none).
@@ -311,7 +312,7 @@ impl Config {
             init_std: args.init_std,
             vocab: args.vocab,
             warm_start: WarmStart {
-                steps: args.warm_steps,
+                steps: args.warm_steps.unwrap_or(args.env.warm_steps()),
                 drill_steps: args.copy_drills,
                 batch: args.warm_batch,
                 lr: args.warm_lr,

@@ -46,6 +46,16 @@ impl AgentFormat {
         }
     }
 
+    /// Warm-start updates on the gold trajectories by default. The tools format's trajectories
+    /// are longer (564 tokens on average on seed 1): with 2000 updates its warm start ended at
+    /// loss 0.042 and held-out EM 0.300, with 3000 at 0.021 and 0.635.
+    pub fn warm_steps(self) -> u64 {
+        match self {
+            AgentFormat::SearchR1 => 2000,
+            AgentFormat::Tools => 3000,
+        }
+    }
+
     /// A question's prompt as the datasets hold it: Search-R1's instructions around it, or the
     /// question alone (the tools environment adds its system prompt).
     pub fn prompt(self, question: &str) -> Result<Vec<ChatMessage>, PromptError> {
