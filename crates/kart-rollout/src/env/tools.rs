@@ -486,6 +486,61 @@ mod tests {
         assert_eq!(err, "two functions are named `calculator`; names must be unique");
     }
 
+    /// A search tool answering `topk` passages per query.
+    struct Passages;
+
+    impl kart_core::tool::Search for Passages {
+        fn search<'a>(&'a self, queries: &'a [String], topk: usize) -> kart_core::tool::Searched<'a> {
+            let hit = |i: usize| kart_core::agent::search_r1::RetrievalResult {
+                document: kart_core::agent::search_r1::document(
+                    i.to_string(),
+                    "\"France\"\nParis is the capital of France, a country in Europe.".into(),
+                ),
+                score: 1.0,
+            };
+            Box::pin(std::future::ready(Ok(queries.iter().map(|_| (0..topk).map(hit).collect()).collect())))
+        }
+    }
+
+    #[tokio::test]
+    async fn search_topk_and_the_tool_response_limit_shape_what_the_model_reads() {
+        let dir = model_dir();
+        let call = "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"France\"}}\n</tool_call><|im_end|>";
+        let search_only = |topk: usize, limit: usize| ToolsConfig {
+            functions: vec![FunctionConfig::Builtin(Builtin::Search)],
+            search_topk: topk,
+            max_tool_response_tokens: limit,
+            ..ToolsConfig::default()
+        };
+        let path = dir.path().to_path_buf();
+        let response = |config: ToolsConfig| {
+            let path = path.clone();
+            async move {
+                let engine = ScriptedEngine::new(Tokenizer::load(&path).unwrap(), move |_, call_index| {
+                    Reply::Text(
+                        if call_index == 0 { call } else { "<answer>Paris</answer><|im_end|>" }.into(),
+                    )
+                });
+                let env = EnvConfig::Tools(config.clone());
+                let search: Arc<dyn kart_core::tool::Search> = Arc::new(Passages);
+                let ctx =
+                    Context::build(&ContextConfig::default(), &env, Arc::new(engine), &path, Some(search))
+                        .await
+                        .unwrap();
+                let t = run(&config, &ctx, &task(None)).await;
+                runs(&ctx, &t, 0)[0].clone()
+            }
+        };
+        let two = response(search_only(2, 1000)).await;
+        assert!(two.contains("Doc 2(Title:") && !two.contains("Doc 3("), "{two}");
+        let three = response(search_only(3, 1000)).await;
+        assert!(three.contains("Doc 3(Title:"), "{three}");
+        let cut = response(search_only(3, 4)).await;
+        let shown =
+            cut.split("<tool_response>\n").nth(1).unwrap().split("\n</tool_response>").next().unwrap();
+        assert!(shown.starts_with("Doc") && !shown.contains("Paris"), "cut to 4 tokens: {shown:?}");
+    }
+
     #[test]
     fn answers_are_found_per_format() {
         assert_eq!(
