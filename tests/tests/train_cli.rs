@@ -145,3 +145,60 @@ fn short_run_completes_and_resumes_after_sigkill() {
     assert_eq!(state["step"], 4);
     assert_eq!(state["policy_version"], 4);
 }
+
+/// A two-role workflow (two solvers, a judge picking one of them) trains through `kart train`'s
+/// in-process pool: each step's batch holds every role's trajectories of each prompt in the
+/// prompt's group, the judge reads the solvers' outputs, and each role's reward is recorded.
+#[test]
+fn a_workflow_trains_every_role_of_a_prompt_in_its_group() {
+    let dir = fresh_dir("kart-train-workflow");
+    kart_tests::write_capitals(&dir);
+    let out = dir.join("run");
+    let agent = |max_response_length: u32| {
+        json!({"kind": "tools", "functions": [], "max_response_length": max_response_length,
+               "max_trajectory_tokens": 512, "answer": "content", "score": "sub_em"})
+    };
+    let mut config = kart_tests::capitals_train_config(&dir, &out, &[], 2);
+    config["batch"] = json!({"prompts": 2, "n": 1, "mini_batch_prompts": 2, "micro_batch_size": 3});
+    config["rollout"]["env"] = json!({"kind": "workflow", "roles": [
+        {"name": "solver", "count": 2, "env": agent(12)},
+        {"name": "judge", "input": "{question}\n{solver}\nEnd with Judgment: IDX.", "select": {"from": "solver"},
+         "env": agent(6)},
+    ], "reward_sharing": {"kind": "mix", "alpha": 0.5}});
+    config["dump_rollouts"] = json!(true);
+    let path = dir.join("train.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let status = train(&path, false).status().unwrap();
+    assert!(status.success(), "kart train failed: {status}");
+
+    let mut groups: BTreeMap<(u64, String), Vec<Value>> = BTreeMap::new();
+    for line in std::fs::read_to_string(out.join("rollouts.jsonl")).unwrap().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let key = (v["step"].as_u64().unwrap(), v["prompt_id"].as_str().unwrap().to_owned());
+        groups.entry(key).or_default().push(v);
+    }
+    assert_eq!(groups.len(), 4, "2 steps x 2 prompts: {:?}", groups.keys());
+    for ((_, prompt), group) in &groups {
+        let mut ids: Vec<&str> = group.iter().map(|t| t["id"].as_str().unwrap()).collect();
+        ids.sort();
+        let expected =
+            [format!("{prompt}#0/judge#0"), format!("{prompt}#0/solver#0"), format!("{prompt}#0/solver#1")];
+        assert_eq!(ids, expected, "every role's trajectories in the prompt's group");
+        let judge = group.iter().find(|t| t["stats"]["role"] == "judge").unwrap();
+        let prompt_text = judge["segments"][0]["text"].as_str().unwrap();
+        assert!(
+            prompt_text.contains("#### Solution 1\n") && prompt_text.contains("#### Solution 2\n"),
+            "{prompt_text}"
+        );
+    }
+    let records = step_records(&out);
+    let trained: Vec<&Value> = records.iter().filter(|r| r.get("role/solver/reward").is_some()).collect();
+    assert_eq!(trained.len(), 2, "{records:?}");
+    for r in trained {
+        assert!(r["role/judge/reward"].is_f64() && r["actor/pg_loss"].is_f64(), "{r}");
+        assert_eq!(
+            r["trajectories/completed"].as_f64().unwrap() + r["trajectories/truncated"].as_f64().unwrap(),
+            6.0
+        );
+    }
+}

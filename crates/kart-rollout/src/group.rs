@@ -1,5 +1,6 @@
-//! Rolling out a group: `n` trajectories of one task, run concurrently, as GRPO-style advantage
-//! estimators need them.
+//! Rolling out a group: `n` episodes of one task, run concurrently, as GRPO-style advantage
+//! estimators need them (a workflow's episode gives a trajectory per role episode, all in the
+//! task's group).
 
 use super::env::{Context, Environment, RolloutError};
 use super::metrics::RolloutMetrics;
@@ -7,8 +8,8 @@ use kart_core::generation::SamplingParams;
 use kart_core::wire::Group;
 use kart_core::wire::Task;
 
-/// Rolls out `n` trajectories of `task` concurrently. A request seed `s` gives trajectory `i` the
-/// seed `s + i`, so a group is reproducible and its members differ.
+/// Rolls out `n` episodes of `task` concurrently. A request seed `s` gives episode `i` the seed
+/// `s + i`, so a group is reproducible and its members differ.
 pub async fn run_group(
     ctx: &Context,
     env: &dyn Environment,
@@ -23,14 +24,15 @@ pub async fn run_group(
         async move {
             let _in_flight = metrics.map(InFlight::new);
             let id = format!("{}#{i}", task.id);
-            let result = env.run(ctx, task, id, &sampling).await;
-            if let (Some(m), Ok(t)) = (metrics, &result) {
-                m.observe(env.name(), t);
+            let result = env.episode(ctx, task, id, &sampling).await;
+            if let (Some(m), Ok(trajectories)) = (metrics, &result) {
+                trajectories.iter().for_each(|t| m.observe(env.name(), t));
             }
             result
         }
     });
-    let trajectories = futures::future::join_all(runs).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let episodes = futures::future::join_all(runs).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let trajectories = episodes.into_iter().flatten().collect();
     Ok(Group { prompt_id: task.id.clone(), data_source: task.data_source.clone(), trajectories })
 }
 

@@ -122,14 +122,15 @@ impl Worker {
 }
 
 impl Worker {
-    /// Reserves the trajectories of `request` within `max_trajectories`: a 422 for a request
-    /// larger than the limit, a 429 while others hold too much of it.
-    fn reserve(&self, request: &RolloutRequest) -> Result<Reservation, ApiError> {
+    /// Reserves the trajectories of `request` (in `env`) within `max_trajectories`: a 422 for a
+    /// request larger than the limit, a 429 while others hold too much of it.
+    fn reserve(&self, request: &RolloutRequest, env: &EnvConfig) -> Result<Reservation, ApiError> {
         let limit = self.config.max_trajectories;
-        let trajectories = request.prompts.len().saturating_mul(request.n);
+        let per_episode = env.trajectories_per_episode();
+        let trajectories = request.prompts.len().saturating_mul(request.n).saturating_mul(per_episode);
         if trajectories > limit {
             let message = format!(
-                "{} prompts x n {} = {trajectories} trajectories; a worker takes at most {limit} (max_trajectories)",
+                "{} prompts x n {} x {per_episode} per episode = {trajectories} trajectories; a worker takes at most {limit} (max_trajectories)",
                 request.prompts.len(),
                 request.n
             );
@@ -164,9 +165,7 @@ impl Worker {
                 ),
             ));
         }
-        if let (EnvConfig::Tools(asked), EnvConfig::Tools(own)) = (config, &self.config.env)
-            && asked.functions != own.functions
-        {
+        if config.agent_functions() != self.config.env.agent_functions() {
             return Err(ApiError::invalid(
                 "env.functions",
                 "a request may not change this worker's functions: their back ends are connected when it starts",
@@ -236,7 +235,7 @@ async fn rollout(State(worker): State<Arc<Worker>>, body: Body) -> Response {
         Ok(env) => env,
         Err(e) => return e.into_response(),
     };
-    let reservation = match worker.reserve(&request) {
+    let reservation = match worker.reserve(&request, request.env.as_ref().unwrap_or(&worker.config.env)) {
         Ok(r) => r,
         Err(busy) if busy.status == StatusCode::TOO_MANY_REQUESTS => {
             return ([(header::RETRY_AFTER, RETRY_AFTER_SECS.to_string())], busy).into_response();
@@ -492,9 +491,43 @@ mod tests {
         let app = router(worker, registry);
         let tir = json!({"prompts": prompts(1), "env": {"kind": "tir"}});
         assert_eq!(refusal(&app, tir).await, (StatusCode::UNPROCESSABLE_ENTITY, json!("env.kind")));
+        let bad = json!({"prompts": prompts(1), "env": {"kind": "tools", "max_turns": 0}});
+        assert_eq!(refusal(&app, bad).await, (StatusCode::UNPROCESSABLE_ENTITY, json!("env.max_turns")));
         let settings = json!({"prompts": prompts(1), "env": {"kind": "search-r1", "max_turns": 1}});
         let response = post(app, "/rollout", settings).await;
         assert_eq!(response.status(), StatusCode::OK, "the same kind with other settings");
+    }
+
+    #[tokio::test]
+    async fn a_workflow_worker_returns_every_role_in_the_group_and_counts_them_all() {
+        let role = |name: &str, extra: Value| {
+            let mut r = json!({"name": name, "env": {"kind": "tools", "functions": []}});
+            r.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            r
+        };
+        let workflow: EnvConfig = serde_json::from_value(json!({"kind": "workflow", "roles": [
+            role("solver", json!({"count": 2})),
+            role("judge", json!({"input": "{question}\n{solver}", "select": {"from": "solver"}})),
+        ]}))
+        .unwrap();
+        let engine = Arc::new(answering_engine());
+        let (worker, registry) = worker_on(WorkerEngine { engine, weights: None }, |c| {
+            c.env = workflow;
+            c.max_trajectories = 5;
+        });
+        let app = router(worker, registry);
+        let response = post(app.clone(), "/rollout", json!({"prompts": prompts(1)})).await;
+        let body = axum::body::to_bytes(response.into_body(), 1 << 24).await.unwrap();
+        let group: Value = serde_json::from_slice(&body).unwrap();
+        let roles: Vec<(&str, f64)> = group["trajectories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| (t["stats"]["role"].as_str().unwrap(), t["reward"].as_f64().unwrap()))
+            .collect();
+        assert_eq!(roles, [("solver", 1.0), ("solver", 1.0), ("judge", 0.0)], "{group}");
+        let two = json!({"prompts": prompts(1), "n": 2});
+        assert_eq!(refusal(&app, two).await, (StatusCode::UNPROCESSABLE_ENTITY, json!("n")), "2 x 3 > 5");
     }
 
     #[tokio::test]
@@ -560,6 +593,10 @@ mod tests {
         let other =
             json!({"prompts": prompts(1), "env": {"kind": "tools", "functions": [{"builtin": "python"}]}});
         assert_eq!(refusal(&app, other).await, (StatusCode::UNPROCESSABLE_ENTITY, json!("env.functions")));
+        let role = |functions| json!({"name": "solver", "env": {"kind": "tools", "functions": functions}});
+        let workflow = json!({"prompts": prompts(1),
+            "env": {"kind": "workflow", "roles": [role(json!([{"builtin": "calculator"}]))]}});
+        assert_eq!(refusal(&app, workflow).await, (StatusCode::UNPROCESSABLE_ENTITY, json!("env.kind")));
         let settings = json!({"prompts": prompts(1),
             "env": {"kind": "tools", "functions": [{"builtin": "calculator"}], "max_turns": 1}});
         assert_eq!(post(app, "/rollout", settings).await.status(), StatusCode::OK);

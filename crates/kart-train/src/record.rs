@@ -100,6 +100,11 @@ pub mod keys {
         Key(format!("reward/{part}").into())
     }
 
+    /// The mean reward of a workflow role's trajectories (after the outcome is shared).
+    pub fn role_reward(role: &str) -> Key {
+        Key(format!("role/{role}/reward").into())
+    }
+
     /// Trajectories of the step that ended with `status` (`completed`, `truncated`, `aborted`).
     pub fn trajectories(status: &str) -> Key {
         Key(format!("trajectories/{status}").into())

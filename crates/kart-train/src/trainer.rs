@@ -714,6 +714,14 @@ fn batch_record(trajectories: &[&Trajectory], version: i64, metrics: &TrainerMet
             scored.iter().filter_map(|t| t.stats.reward_scores.get(part).copied()).collect();
         r.set(keys::reward_part(part), values.iter().sum::<f64>() / values.len().max(1) as f64);
     }
+    // Workflow roles' rewards.
+    let roles: std::collections::BTreeSet<&String> =
+        scored.iter().filter_map(|t| t.stats.role.as_ref()).collect();
+    for role in roles {
+        let rewards: Vec<f64> =
+            scored.iter().filter(|t| t.stats.role.as_ref() == Some(role)).map(|t| t.reward).collect();
+        r.set(keys::role_reward(role), rewards.iter().sum::<f64>() / rewards.len() as f64);
+    }
     for status in [Status::Completed, Status::Truncated, Status::Aborted] {
         let count = trajectories.iter().filter(|t| t.status == status).count();
         let label =
@@ -974,6 +982,31 @@ mod tests {
     /// Half the prompts give groups without variance: with `filter_groups` they are dropped and
     /// the batch refilled by over-sampling (twice what is missing per round), every kept group has
     /// variance, and the counts add up; without it they are kept.
+    #[test]
+    fn a_batch_records_reward_parts_and_each_roles_reward() {
+        let trajectory = |role: Option<&str>, reward: f64, status: Status| {
+            let mut t = Trajectory::new("t", "p", &[1]);
+            t.push_model(&[2], &[-0.1], 0).unwrap();
+            (t.reward, t.status, t.stats.role) = (reward, status, role.map(str::to_owned));
+            t.stats.reward_scores.insert("rule".into(), reward / 2.0);
+            t
+        };
+        let batch = [
+            trajectory(Some("solver"), 1.0, Status::Completed),
+            trajectory(Some("solver"), 0.0, Status::Completed),
+            trajectory(Some("selector"), 1.2, Status::Truncated),
+            trajectory(Some("selector"), 0.0, Status::Aborted),
+        ];
+        let r = batch_record(
+            &batch.iter().collect::<Vec<_>>(),
+            0,
+            &TrainerMetrics::new(&prometheus::Registry::new()),
+        );
+        assert_eq!(r.get(&keys::role_reward("solver")), Some(0.5));
+        assert_eq!(r.get(&keys::role_reward("selector")), Some(1.2), "aborted trajectories are not scored");
+        assert_eq!(r.get(&keys::reward_part("rule")), Some((0.5 + 0.6) / 3.0));
+    }
+
     #[tokio::test]
     async fn filtered_groups_are_replaced_by_over_sampling() {
         let pool = Arc::new(Scripted::default());

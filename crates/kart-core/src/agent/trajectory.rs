@@ -53,6 +53,9 @@ pub struct Stats {
     /// each service's score by name, and `{service}/{metric}` for metrics a service reported.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub reward_scores: BTreeMap<String, f64>,
+    /// The workflow role that produced the trajectory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
 }
 
 impl Stats {
@@ -244,6 +247,15 @@ impl Trajectory {
         &self.loss_mask
     }
 
+    /// The last model turn: the last run of loss-mask-1 tokens after the prompt (empty without
+    /// one).
+    pub fn last_turn(&self) -> &[u32] {
+        let trained = |i: &usize| self.loss_mask[*i] == 1;
+        let Some(end) = (self.prompt_len..self.len()).rev().find(trained) else { return &[] };
+        let start = (self.prompt_len..=end).rev().take_while(trained).last().unwrap_or(end);
+        &self.token_ids[start..=end]
+    }
+
     /// Sampling log-probability per token (0 where the policy did not sample).
     pub fn logprobs(&self) -> &[f32] {
         &self.logprobs
@@ -293,6 +305,8 @@ mod tests {
         assert_eq!(t.stats.response_tokens, 3);
         assert_eq!(t.stats.env_tokens, 3);
         assert_eq!(t.oldest_version(), Some(7));
+        assert_eq!(t.last_turn(), &[9]);
+        assert_eq!(Trajectory::new("t", "p", &[1, 2]).last_turn(), &[] as &[u32]);
         t.validate().unwrap();
     }
 

@@ -6,6 +6,7 @@ use crate::agent::function_calls::CallFormat;
 use crate::agent::tir::{TirConfig, Tool};
 use crate::config::ConfigError;
 use crate::config::functions::{Builtin, FunctionConfig};
+use crate::config::workflow::WorkflowConfig;
 use crate::reward::search_r1::SearchR1RewardWeights;
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +18,8 @@ pub enum EnvConfig {
     Asearcher(AsearcherConfig),
     Tir(TirEnvConfig),
     Tools(ToolsConfig),
+    /// Several roles on one policy ([`crate::config::workflow`]).
+    Workflow(WorkflowConfig),
 }
 
 impl EnvConfig {
@@ -26,6 +29,7 @@ impl EnvConfig {
         match self {
             EnvConfig::Tir(tir) => tir.tools.contains(&Tool::Python),
             EnvConfig::Tools(tools) => tools.functions.contains(&FunctionConfig::Builtin(Builtin::Python)),
+            EnvConfig::Workflow(w) => w.roles.iter().any(|r| r.env.runs_python()),
             _ => false,
         }
     }
@@ -41,16 +45,39 @@ impl EnvConfig {
                     FunctionConfig::Builtin(Builtin::Search) | FunctionConfig::Builtin(Builtin::Access)
                 )
             }),
+            EnvConfig::Workflow(w) => w.roles.iter().any(|r| r.env.searches()),
         }
     }
 
-    /// Most tokens in a trajectory, prompt included (reaching it truncates the episode).
+    /// Trajectories one episode gives: one, or a workflow's role counts summed.
+    pub fn trajectories_per_episode(&self) -> usize {
+        match self {
+            EnvConfig::Workflow(w) => w.roles.iter().map(|r| r.count).sum(),
+            _ => 1,
+        }
+    }
+
+    /// The functions each agent offers, in role order for a workflow (empty for environments
+    /// without configured functions).
+    pub fn agent_functions(&self) -> Vec<&[FunctionConfig]> {
+        match self {
+            EnvConfig::Tools(tools) => vec![&tools.functions],
+            EnvConfig::Workflow(w) => w.roles.iter().flat_map(|r| r.env.agent_functions()).collect(),
+            _ => vec![&[]],
+        }
+    }
+
+    /// Most tokens in a trajectory, prompt included (reaching it truncates the episode); a
+    /// workflow's longest role's.
     pub fn max_trajectory_tokens(&self) -> usize {
         match self {
             EnvConfig::SearchR1(c) => c.max_trajectory_tokens,
             EnvConfig::Asearcher(c) => c.max_trajectory_tokens,
             EnvConfig::Tir(c) => c.max_length,
             EnvConfig::Tools(c) => c.max_trajectory_tokens,
+            EnvConfig::Workflow(w) => {
+                w.roles.iter().map(|r| r.env.max_trajectory_tokens()).max().unwrap_or(0)
+            }
         }
     }
 
@@ -58,6 +85,7 @@ impl EnvConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self {
             EnvConfig::Tools(c) => c.validate(),
+            EnvConfig::Workflow(w) => w.validate(),
             _ => Ok(()),
         }
     }

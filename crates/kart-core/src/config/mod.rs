@@ -13,6 +13,7 @@ pub mod rollout;
 pub mod sandbox;
 pub mod train;
 pub mod weight_sources;
+pub mod workflow;
 
 /// A setting out of its range, naming the field (its path from the config's root) and the value.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

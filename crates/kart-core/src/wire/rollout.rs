@@ -38,11 +38,17 @@ fn one() -> usize {
 pub const MAX_N: usize = 1024;
 
 impl RolloutRequest {
-    /// Checks what serde cannot: `n`, the sampling ranges, the weights (and that they are of
-    /// `policy_version`), a prompt in every task and unique task ids.
+    /// Checks what serde cannot: `n`, the sampling ranges, the environment's settings, the
+    /// weights (and that they are of `policy_version`), a prompt in every task and unique task
+    /// ids.
     pub fn validate(&self) -> Result<(), InvalidField> {
         if !(1..=MAX_N).contains(&self.n) {
             return Err(InvalidField::new("n", format!("{} is not in 1..={MAX_N}", self.n)));
+        }
+        if let Some(env) = &self.env {
+            env.validate().map_err(|e| {
+                InvalidField::new(format!("env.{}", e.field), format!("{} ({})", e.reason, e.value))
+            })?;
         }
         self.sampling.validate().map_err(|e| InvalidField::new("sampling", e.to_string()))?;
         if let Some(weights) = &self.weights {

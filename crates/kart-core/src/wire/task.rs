@@ -55,4 +55,18 @@ impl Task {
             _ => Err(TaskError::NoPrompt { id: self.id.clone() }),
         }
     }
+
+    /// The question: `prompt`, else the last user message's content (empty without either).
+    pub fn question(&self) -> String {
+        match (&self.prompt, &self.messages) {
+            (Some(prompt), _) => prompt.clone(),
+            (None, Some(messages)) => messages
+                .iter()
+                .rev()
+                .find(|m| m.role == "user")
+                .map(|m| m.content.clone())
+                .unwrap_or_default(),
+            (None, None) => String::new(),
+        }
+    }
 }

@@ -204,7 +204,6 @@ impl Agent for AsearcherEnv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::env::Environment;
     use crate::fake::{FixedSearch, Reply, ScriptedEngine};
     use futures::future::BoxFuture;
     use kart_core::agent::asearcher::{AgentConfig, PromptTemplate};
@@ -255,6 +254,7 @@ mod tests {
             functions: kart_tools::functions::Functions::default(),
             rewards: Default::default(),
             retry: RetryPolicy { retries: 1, backoff_ms: 1 },
+            roles: Vec::new(),
         };
         (ctx, seen)
     }

@@ -38,6 +38,8 @@ pub struct Context {
     /// The reward services combined with the environments' own rewards.
     pub rewards: Arc<Rewards>,
     pub retry: RetryPolicy,
+    /// A workflow's roles' contexts, in role order: this one with each role's functions.
+    pub roles: Vec<Context>,
 }
 
 impl Context {
@@ -78,6 +80,8 @@ pub enum ContextError {
     Duplicate(#[from] DuplicateFunction),
     #[error("functions[{at}].mcp: {source}")]
     Mcp { at: usize, source: McpError },
+    #[error("role `{role}`: {source}")]
+    Role { role: String, source: Box<ContextError> },
 }
 
 impl Context {
@@ -85,7 +89,8 @@ impl Context {
     /// and the tools of `config`: searches go to `local` when given (a local index in this
     /// process), else to the retriever at `retriever_url`, through a cache; page access to that
     /// retriever; the Python sandbox only when `env` runs model-written code; the functions of a
-    /// `tools` environment, an MCP server's listed now.
+    /// `tools` environment, an MCP server's listed now (a workflow's role contexts each with
+    /// their own).
     pub async fn build(
         config: &ContextConfig,
         env: &EnvConfig,
@@ -107,23 +112,42 @@ impl Context {
             tracing::info!(protections = %sandbox.protections(), "python sandbox ready");
         }
         let access = retriever.map(|r| r as Arc<dyn Access>);
-        let functions = match env {
-            EnvConfig::Tools(tools) => {
-                functions(tools, search.as_ref(), access.as_ref(), python.as_ref()).await?
-            }
-            _ => Functions::default(),
-        };
-        Ok(Context {
+        let base = Context {
             engine,
             tokenizer: Tokenizer::load(model)?,
             chat_template: ChatTemplate::load(model)?,
             search,
             access,
             python,
-            functions,
+            functions: Functions::default(),
             rewards: Arc::new(Rewards::new(&config.reward)),
             retry: config.retry.clone(),
-        })
+            roles: Vec::new(),
+        };
+        match env {
+            EnvConfig::Workflow(workflow) => {
+                let mut roles = Vec::with_capacity(workflow.roles.len());
+                for role in &workflow.roles {
+                    let functions = base
+                        .functions_of(&role.env)
+                        .await
+                        .map_err(|e| ContextError::Role { role: role.name.clone(), source: Box::new(e) })?;
+                    roles.push(Context { functions, ..base.clone() });
+                }
+                Ok(Context { roles, ..base })
+            }
+            _ => Ok(Context { functions: base.functions_of(env).await?, ..base }),
+        }
+    }
+
+    /// The functions of `env` on this context's back ends (none but a `tools` environment's).
+    async fn functions_of(&self, env: &EnvConfig) -> Result<Functions, ContextError> {
+        match env {
+            EnvConfig::Tools(tools) => {
+                functions(tools, self.search.as_ref(), self.access.as_ref(), self.python.as_ref()).await
+            }
+            _ => Ok(Functions::default()),
+        }
     }
 }
 

@@ -1,11 +1,12 @@
-//! Environments: the multi-turn loops of the three agents, each producing one token-exact
-//! trajectory per call with its reward and statistics. Their settings are
+//! Environments: the multi-turn loops of the agents, each episode producing token-exact
+//! trajectories with their rewards and statistics. Their settings are
 //! [`kart_core::config::env`].
 //!
 //! - [`search_r1`]: Search-R1's search-and-answer loop;
 //! - [`asearcher`]: ASearcher's search, page access and summarisation turns;
 //! - [`tir`]: tool-integrated reasoning with a Python executor and a calculator;
 //! - [`tools`]: a chat model calling functions in its template's format;
+//! - [`workflow`]: several roles on one policy, each running one of the above;
 //! - [`Context`]: what they run against (engine, tokenizer, chat template, tools);
 //! - [`turns`]: the turn loop they all run, and what an environment plugs into it.
 
@@ -15,6 +16,7 @@ pub mod search_r1;
 pub mod tir;
 pub mod tools;
 pub mod turns;
+pub mod workflow;
 
 pub use context::{Context, ContextError};
 
@@ -34,23 +36,26 @@ pub fn build(config: &EnvConfig) -> Arc<dyn Environment> {
         EnvConfig::Asearcher(c) => Arc::new(asearcher::AsearcherEnv::new(c.clone())),
         EnvConfig::Tir(c) => Arc::new(tir::TirEnv::new(c.clone())),
         EnvConfig::Tools(c) => Arc::new(tools::ToolsEnv::new(c.clone())),
+        EnvConfig::Workflow(c) => Arc::new(workflow::WorkflowEnv::new(c)),
     }
 }
 
-/// One agent loop.
+/// One agent loop, or a workflow of several.
 pub trait Environment: Send + Sync {
-    /// The environment's name in metrics and logs (`search-r1`, `asearcher`, `tir`, `tools`).
+    /// The environment's name in metrics and logs (`search-r1`, `asearcher`, `tir`, `tools`,
+    /// `workflow`).
     fn name(&self) -> &'static str;
 
-    /// Runs one episode of `task`, returning its trajectory (status `aborted` when the engine failed
-    /// for good; tool failures become observations).
-    fn run<'a>(
+    /// Runs one episode of `task`, returning its trajectories: one for an agent, one per role
+    /// episode for a workflow (status `aborted` when the engine failed for good; tool failures
+    /// become observations). Their ids start with `episode_id`.
+    fn episode<'a>(
         &'a self,
         ctx: &'a Context,
         task: &'a Task,
-        trajectory_id: String,
+        episode_id: String,
         sampling: &'a SamplingParams,
-    ) -> BoxFuture<'a, Result<Trajectory, RolloutError>>;
+    ) -> BoxFuture<'a, Result<Vec<Trajectory>, RolloutError>>;
 }
 
 /// A task that cannot be rolled out at all (bad input or a broken tokenizer).
@@ -65,4 +70,7 @@ pub enum RolloutError {
     /// The environment needs what the model's chat template does not give.
     #[error("chat template: {0}")]
     Template(String),
+    /// A workflow run against a context built for another one.
+    #[error("workflow: {0}")]
+    Workflow(String),
 }

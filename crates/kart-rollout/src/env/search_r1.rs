@@ -144,7 +144,6 @@ impl Agent for SearchR1Env {
 mod tests {
     use super::*;
     use crate::env::Context;
-    use crate::env::Environment;
     use crate::fake::{FixedSearch, Reply, ScriptedEngine};
     use kart_core::agent::trajectory::Status;
     use kart_core::config::retry::RetryPolicy;
@@ -167,6 +166,7 @@ mod tests {
             functions: kart_tools::functions::Functions::default(),
             rewards: Default::default(),
             retry: RetryPolicy { retries: 1, backoff_ms: 1 },
+            roles: Vec::new(),
         }
     }
 

@@ -168,7 +168,7 @@ impl Agent for TirEnv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::env::{EnvConfig, Environment};
+    use crate::env::EnvConfig;
     use crate::fake::{Reply, ScriptedEngine};
     use kart_core::agent::trajectory::Status;
     use kart_core::config::retry::RetryPolicy;
@@ -197,6 +197,7 @@ mod tests {
             functions: kart_tools::functions::Functions::default(),
             rewards: Default::default(),
             retry: RetryPolicy { retries: 1, backoff_ms: 1 },
+            roles: Vec::new(),
         }
     }
 

@@ -250,7 +250,6 @@ impl Agent for ToolsEnv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::env::Environment;
     use crate::fake::{Reply, ScriptedEngine};
     use kart_core::agent::function_calls::CallFormat;
     use kart_core::agent::trajectory::Status;

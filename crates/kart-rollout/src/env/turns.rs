@@ -97,6 +97,20 @@ pub trait Agent: Send + Sync {
 
     /// The prompt of `task`, its episode's protocol and the trajectory's cap.
     fn start<'a>(&'a self, ctx: &Context, task: &Task) -> Result<Start<Self::Protocol<'a>>, RolloutError>;
+
+    /// Runs one episode of `task`: its trajectory, with id `id`.
+    fn run<'a>(
+        &'a self,
+        ctx: &'a Context,
+        task: &'a Task,
+        id: String,
+        sampling: &'a SamplingParams,
+    ) -> impl Future<Output = Result<Trajectory, RolloutError>> + Send + 'a
+    where
+        Self: Sized,
+    {
+        run(self, ctx, task, id, sampling)
+    }
 }
 
 impl<A: Agent> Environment for A {
@@ -104,14 +118,14 @@ impl<A: Agent> Environment for A {
         A::NAME
     }
 
-    fn run<'a>(
+    fn episode<'a>(
         &'a self,
         ctx: &'a Context,
         task: &'a Task,
-        trajectory_id: String,
+        episode_id: String,
         sampling: &'a SamplingParams,
-    ) -> BoxFuture<'a, Result<Trajectory, RolloutError>> {
-        Box::pin(run(self, ctx, task, trajectory_id, sampling))
+    ) -> BoxFuture<'a, Result<Vec<Trajectory>, RolloutError>> {
+        Box::pin(async move { Ok(vec![run(self, ctx, task, episode_id, sampling).await?]) })
     }
 }
 
@@ -152,31 +166,15 @@ async fn run<A: Agent>(
 /// A finished trajectory as reward services read it.
 fn scoring(ctx: &Context, task: &Task, t: &Trajectory) -> Result<Scoring, RolloutError> {
     let ids = t.token_ids();
-    let mask = t.loss_mask();
-    // The last run of model tokens.
-    let last_turn = match (t.prompt_len()..ids.len()).rev().find(|&i| mask[i] == 1) {
-        Some(end) => {
-            let start = (t.prompt_len()..=end).rev().take_while(|&i| mask[i] == 1).last().unwrap_or(end);
-            &ids[start..=end]
-        }
-        None => &[],
-    };
     let response = ctx.tokenizer.decode(&ids[t.prompt_len()..], true)?;
-    let question = match (&task.prompt, &task.messages) {
-        (Some(prompt), _) => prompt.clone(),
-        (None, Some(messages)) => {
-            messages.iter().rev().find(|m| m.role == "user").map(|m| m.content.clone()).unwrap_or_default()
-        }
-        (None, None) => String::new(),
-    };
     Ok(Scoring {
         id: t.id.clone(),
         prompt_id: t.prompt_id.clone(),
         data_source: task.data_source.clone(),
         ground_truth: task.ground_truth.clone(),
-        question,
+        question: task.question(),
         prompt: ctx.tokenizer.decode(&ids[..t.prompt_len()], false)?,
-        answer: Scoring::answer_of(&response, &ctx.tokenizer.decode(last_turn, true)?),
+        answer: Scoring::answer_of(&response, &ctx.tokenizer.decode(t.last_turn(), true)?),
         response,
     })
 }

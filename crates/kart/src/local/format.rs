@@ -186,8 +186,9 @@ mod tests {
     use kart_core::generation::SamplingParams;
     use kart_retriever::InProcess;
     use kart_retriever::bm25::{self, Bm25Index};
+    use kart_rollout::env::Context;
     use kart_rollout::env::tools::ToolsEnv;
-    use kart_rollout::env::{Context, Environment};
+    use kart_rollout::env::turns::Agent as _;
     use kart_rollout::fake::{Reply, ScriptedEngine};
     use std::sync::Arc;
 

@@ -214,13 +214,14 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
             jobs.spawn(async move {
                 let _permit = semaphore.acquire_owned().await.expect("open semaphore");
                 let id = task.id.clone();
-                env.run(&ctx, &task, id, &SamplingParams::default()).await
+                env.episode(&ctx, &task, id, &SamplingParams::default()).await
             });
         }
         let mut searched = 0;
         while let Some(result) = jobs.join_next().await {
-            let t = result?.map_err(|e| anyhow::anyhow!("{e}"))?;
-            searched += usize::from(t.stats.tool_calls.get("search").is_some_and(|s| s.ok == 1));
+            for t in result?.map_err(|e| anyhow::anyhow!("{e}"))? {
+                searched += usize::from(t.stats.tool_calls.get("search").is_some_and(|s| s.ok == 1));
+            }
         }
         anyhow::ensure!(searched == total, "only {searched} of {total} trajectories searched successfully");
         let (wall, cpu) = (started.elapsed().as_secs_f64(), cpu_seconds() - cpu_started);
