@@ -4,6 +4,7 @@ streamable HTTP transport, with tools a tool-calling agent might use.
     python tests/mcp/server.py PORT
 """
 
+import asyncio
 import sys
 
 from mcp.server.mcpserver import MCPServer
@@ -28,6 +29,31 @@ def capital(country: str) -> str:
     except KeyError:
         # A ToolError's message reaches the client (other exceptions are masked).
         raise ToolError(f"no capital known for {country}") from None
+
+
+in_flight = 0
+most_in_flight = 0
+
+
+@server.tool()
+async def wait(seconds: float) -> str:
+    """Sleep, then say so (counts the calls in flight at once)."""
+    global in_flight, most_in_flight
+    in_flight += 1
+    most_in_flight = max(most_in_flight, in_flight)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        in_flight -= 1
+    return f"waited {seconds}"
+
+
+@server.tool()
+def peak() -> int:
+    """The most `wait` calls in flight at once so far, then reset."""
+    global most_in_flight
+    most, most_in_flight = most_in_flight, 0
+    return most
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 use kart_core::agent::trajectory::{Status, Trajectory};
 use kart_core::config::env::{AnswerFormat, EnvConfig, ToolsConfig};
 use kart_core::config::functions::{CallLimits, FunctionConfig, McpServer};
+use kart_core::config::retry::RetryPolicy;
 use kart_core::config::rollout::ContextConfig;
 use kart_core::generation::SamplingParams;
 use kart_core::tool::Function;
@@ -102,7 +103,7 @@ async fn an_mcp_server_s_tools_are_listed_and_called() {
         return;
     };
     let names: Vec<&str> = tools.iter().map(|t| t.name()).collect();
-    assert_eq!(names, ["add", "capital"]);
+    assert_eq!(names, ["add", "capital", "wait", "peak"]);
     let add = &tools[0].schema()["function"];
     assert_eq!(add["description"], "Add two integers.");
     assert_eq!(add["parameters"]["required"], json!(["a", "b"]), "{add}");
@@ -112,7 +113,7 @@ async fn an_mcp_server_s_tools_are_listed_and_called() {
 
     let only = McpServer { include: vec!["capital".into(), "divide".into()], ..config.clone() };
     let err = McpClient::connect(&only).await.err().expect("a tool the server lacks is refused").to_string();
-    assert!(err.contains("no tool named `divide` (it has: add, capital)"), "{err}");
+    assert!(err.contains("no tool named `divide` (it has: add, capital, wait, peak)"), "{err}");
 
     // An agent calling them through the tools environment.
     let env = ToolsConfig {
@@ -140,6 +141,47 @@ async fn an_mcp_server_s_tools_are_listed_and_called() {
         text.contains("<|im_start|>user\n<tool_response>\nTokyo\n</tool_response>\n<tool_response>\nError: "),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_s_calls_keep_its_timeout_and_concurrency() {
+    let Some((_server, config, _)) = mcp_server().await else {
+        eprintln!("skipped: no venv Python");
+        return;
+    };
+    let tools = |limits: CallLimits| {
+        let config = McpServer { limits, ..config.clone() };
+        async move { McpClient::connect(&config).await.unwrap() }
+    };
+    let named = |tools: &[McpTool], name: &str| tools.iter().position(|t| t.name() == name).unwrap();
+
+    let no_retry = RetryPolicy { retries: 0, backoff_ms: 1 };
+    // Three calls at once reach the server `concurrency` at a time.
+    for concurrency in [1, 3] {
+        let limited =
+            tools(CallLimits { concurrency, retry: no_retry.clone(), ..CallLimits::default() }).await;
+        let (wait, peak) = (&limited[named(&limited, "wait")], &limited[named(&limited, "peak")]);
+        peak.call(&json!({})).await.unwrap();
+        let arguments = json!({"seconds": 0.3});
+        let calls = (0..3).map(|_| wait.call(&arguments));
+        for result in futures::future::join_all(calls).await {
+            assert_eq!(result.unwrap(), "waited 0.3");
+        }
+        assert_eq!(
+            peak.call(&json!({})).await.unwrap(),
+            concurrency.to_string(),
+            "concurrency {concurrency}"
+        );
+    }
+
+    // A call longer than `timeout_secs` fails after about that long (no retries here); last, as
+    // the server goes on sleeping.
+    let quick =
+        tools(CallLimits { timeout_secs: 0.5, retry: no_retry.clone(), ..CallLimits::default() }).await;
+    let started = Instant::now();
+    let err = quick[named(&quick, "wait")].call(&json!({"seconds": 5})).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}: {err}", started.elapsed());
+    assert_eq!(quick[named(&quick, "wait")].call(&json!({"seconds": 0.05})).await.unwrap(), "waited 0.05");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -385,6 +385,21 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_turn_stops_at_max_response_length_and_truncates_the_episode() {
+        let dir = model_dir();
+        let long = "<answer>42</answer> and a long afterthought that goes on and on<|im_end|>";
+        for (limit, status) in [(6, Status::Truncated), (200, Status::Completed)] {
+            let config = ToolsConfig { max_response_length: limit, ..calculator_only() };
+            let ctx = context(dir.path(), &config, vec![long]).await;
+            let t = run(&config, &ctx, &task(None)).await;
+            assert_eq!(t.status, status, "max_response_length {limit}");
+            if status == Status::Truncated {
+                assert_eq!(t.stats.response_tokens, 6);
+            }
+        }
+    }
+
+    #[tokio::test]
     async fn a_task_offers_its_own_schemas_and_rounds_are_bounded() {
         let dir = model_dir();
         let config = ToolsConfig { max_turns: 1, ..calculator_only() };
