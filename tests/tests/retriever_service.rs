@@ -75,9 +75,19 @@ fn search_r1_client_payload_works_unchanged() {
         .unwrap();
     assert_eq!(empty, json!({"result": []}));
 
+    // `topk: 0` is the server's default, as Search-R1's server reads it.
+    let default: Value = client
+        .post(format!("{base}/retrieve"))
+        .json(&json!({"queries": ["Hamlet Everest Nile Colosseum"], "topk": 0}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(default["result"][0].as_array().unwrap().len(), 3, "4 match, 3 by default: {default}");
+
     // Bad input: a 4xx naming the field, and the server keeps serving.
     let bad =
-        client.post(format!("{base}/retrieve")).json(&json!({"queries": ["x"], "topk": 0})).send().unwrap();
+        client.post(format!("{base}/retrieve")).json(&json!({"queries": ["x"], "topk": -1})).send().unwrap();
     assert_eq!(bad.status().as_u16(), 422);
     assert_eq!(bad.json::<Value>().unwrap()["error"]["field"], "topk");
     let metrics = client.get(format!("{base}/metrics")).send().unwrap().text().unwrap();

@@ -46,14 +46,16 @@ impl RetrieveRequest {
                 format!("{} queries; at most {} per request", queries.len(), limits.max_queries),
             ));
         }
+        // Search-R1's server reads a missing, null or 0 `topk` as its default (`if not request.topk`).
         let topk = match obj.get("topk") {
             None | Some(Value::Null) => None,
             Some(v) => match v.as_u64() {
-                Some(k) if (1..=MAX_TOPK as u64).contains(&k) => Some(k as usize),
+                Some(0) => None,
+                Some(k) if k <= MAX_TOPK as u64 => Some(k as usize),
                 _ => {
                     return Err(InvalidField::new(
                         "topk",
-                        format!("expected an integer from 1 to {MAX_TOPK} or null, got {v}"),
+                        format!("expected an integer from 0 (the default) to {MAX_TOPK} or null, got {v}"),
                     ));
                 }
             },
@@ -130,6 +132,8 @@ mod tests {
         );
         let r = parse(json!({"queries": [], "topk": null})).unwrap();
         assert_eq!((r.topk, r.return_scores), (None, false));
+        let r = parse(json!({"queries": ["a"], "topk": 0})).unwrap();
+        assert_eq!(r.topk, None, "0 is the server's default, as Search-R1's server reads it");
     }
 
     #[test]
@@ -138,7 +142,6 @@ mod tests {
         assert_eq!(field(json!({})), "queries");
         assert_eq!(field(json!({"queries": "a"})), "queries");
         assert_eq!(field(json!({"queries": ["a", 3]})), "queries[1]");
-        assert_eq!(field(json!({"queries": ["a"], "topk": 0})), "topk");
         assert_eq!(field(json!({"queries": ["a"], "topk": -1})), "topk");
         assert_eq!(field(json!({"queries": ["a"], "topk": 1001})), "topk");
         assert_eq!(field(json!({"queries": ["a"], "topk": 2.5})), "topk");
