@@ -29,7 +29,12 @@ model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32).
 with torch.inference_mode():
     logits = model(input_ids=torch.tensor(job["input_ids"])).logits
 save_file({"logits": logits.contiguous()}, job["logits"])
-out = {}
+out = {
+    "config_eos_token_id": model.config.eos_token_id,
+    "config_pad_token_id": model.config.pad_token_id,
+    "generation_eos_token_id": model.generation_config.eos_token_id,
+    "generation_pad_token_id": model.generation_config.pad_token_id,
+}
 if job.get("texts"):
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
     out["ids"] = [tokenizer.encode(text, add_special_tokens=False) for text in job["texts"]]
@@ -158,8 +163,6 @@ fn random_qwen2_with_a_trained_tokenizer_loads_in_transformers() {
         tie_word_embeddings: false,
         initializer_range: 0.02,
     };
-    let config = ModelConfig::qwen2(sizes).unwrap();
-    let model = CausalLm::random(config.clone(), Device::Cpu, 3).unwrap();
     let corpus = ["the agent reads the page and answers", "which river flows through the city", "a b c"];
     let tokenizer = Tokenizer::train_byte_level_bpe(
         corpus.iter().cycle().take(200).copied(),
@@ -169,6 +172,9 @@ fn random_qwen2_with_a_trained_tokenizer_loads_in_transformers() {
         "<|endoftext|>",
     )
     .unwrap();
+    let (eos, pad) = (tokenizer.eos_token_id(), tokenizer.pad_token_id());
+    let config = ModelConfig::qwen2(sizes).unwrap().with_special_tokens(eos, pad);
+    let model = CausalLm::random(config.clone(), Device::Cpu, 3).unwrap();
     let work = Scratch::new("random-qwen2");
     let dir = work.0.join("model");
     save_pretrained(&dir, &config, &model.named_tensors(), None, Kind::Float).unwrap();
@@ -181,6 +187,10 @@ fn random_qwen2_with_a_trained_tokenizer_loads_in_transformers() {
     let (expected, out) = transformers(&python, &work.0, &dir, std::slice::from_ref(&ids), &TEXTS, &messages);
 
     assert_eq!(out["chat"], prompt.as_str());
+    // Generation loops find the tokenizer's end and padding tokens in the model's configs.
+    let (eos, pad) = (json!(eos.unwrap()), json!(pad.unwrap()));
+    assert_eq!((&out["config_eos_token_id"], &out["config_pad_token_id"]), (&eos, &pad), "{out}");
+    assert_eq!((&out["generation_eos_token_id"], &out["generation_pad_token_id"]), (&eos, &pad), "{out}");
     for (i, text) in TEXTS.iter().enumerate() {
         let ids = tokenizer.encode(text, false).unwrap();
         assert_eq!(out["ids"][i], json!(ids), "{text:?}");

@@ -153,6 +153,17 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// The same config naming its tokenizer's end-of-sequence and padding tokens
+    /// (`eos_token_id`, `pad_token_id`), as generation loops read them from `config.json` and
+    /// `generation_config.json`.
+    pub fn with_special_tokens(mut self, eos: Option<u32>, pad: Option<u32>) -> Self {
+        self.eos_token_ids = eos.map(i64::from).into_iter().collect();
+        self.pad_token_id = pad.map(i64::from);
+        self.raw.insert("eos_token_id".into(), eos.map_or(Value::Null, Value::from));
+        self.raw.insert("pad_token_id".into(), pad.map_or(Value::Null, Value::from));
+        self
+    }
+
     /// Whether a Hugging Face checkpoint of this model holds tensor `name`: all but a tied
     /// `lm_head.weight`, which is the embedding's.
     pub fn stores(&self, name: &str) -> bool {
@@ -713,6 +724,11 @@ mod tests {
         assert_eq!((c.rms_norm_eps, c.initializer_range()), (1e-6, 0.02));
         assert!(c.qkv_bias() && !c.o_proj_bias());
         assert_eq!(c.to_json_with_dtype("float32")["layer_types"].as_array().unwrap().len(), 3);
+        assert_eq!((c.eos_token_ids.len(), c.pad_token_id), (0, None));
+        let named = c.clone().with_special_tokens(Some(2), Some(0));
+        assert_eq!((named.eos_token_ids.as_slice(), named.pad_token_id), (&[2][..], Some(0)));
+        let json = named.to_json_with_dtype("float32");
+        assert_eq!((&json["eos_token_id"], &json["pad_token_id"]), (&json!(2), &json!(0)));
 
         let message =
             ModelConfig::qwen2(QwenSizes { num_key_value_heads: 3, ..sizes() }).unwrap_err().to_string();

@@ -421,7 +421,8 @@ fn base_model(config: &Config, world: &World) -> anyhow::Result<BaseModel> {
         tie_word_embeddings: true,
         initializer_range: config.init_std,
     };
-    let model_config = ModelConfig::qwen2(sizes)?;
+    let model_config =
+        ModelConfig::qwen2(sizes)?.with_special_tokens(tokenizer.eos_token_id(), tokenizer.pad_token_id());
     let model = CausalLm::random(model_config.clone(), tch::Device::Cpu, config.seed)?;
     save_pretrained(&dir, &model_config, &model.named_tensors(), None, tch::Kind::Float)?;
     tokenizer.save(&dir, Some(config.format.chat_template()))?;
