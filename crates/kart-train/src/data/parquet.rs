@@ -172,13 +172,29 @@ fn json_values(array: &dyn Array) -> Result<Vec<Value>, String> {
     })
 }
 
-/// Writes `prompts` as a Search-R1 parquet file, the schema `scripts/data_process/nq_search.py`
-/// produces: `data_source`, `prompt` [{content, role}], `ability`,
-/// `reward_model` {ground_truth: {target: [str]}, style: "rule"}, `extra_info` {index, split}
-/// with `index` the position in `prompts`. A prompt without `messages` is written as one user
-/// message holding its `prompt` (Search-R1 files carry the full prompt text). Snappy-compressed,
-/// as pandas writes by default.
-pub fn write_search_r1(file: &Path, prompts: &[Task], ability: &str, split: &str) -> Result<(), DataError> {
+/// Writes `prompts` as a Search-R1 parquet file, the columns and struct field order
+/// `scripts/data_process/nq_search.py` produces (its `datasets.map` keeps the source columns):
+/// `id`, `question` (`questions[i]`, the source question), `golden_answers`, `data_source`,
+/// `prompt` [{role, content}], `ability`, `reward_model` {style: "rule", ground_truth: {target:
+/// [str]}}, `extra_info` {split, index} with `index` the position in `prompts`; so
+/// `pyarrow.concat_tables` joins kart's files and upstream's. A prompt without `messages` is
+/// written as one user message holding its `prompt` (Search-R1 files carry the full prompt
+/// text). Snappy-compressed, as pandas writes by default.
+pub fn write_search_r1(
+    file: &Path,
+    prompts: &[Task],
+    questions: &[String],
+    ability: &str,
+    split: &str,
+) -> Result<(), DataError> {
+    if questions.len() != prompts.len() {
+        return Err(DataError::BadRow {
+            file: file.to_owned(),
+            row: questions.len().min(prompts.len()),
+            field: "question".into(),
+            reason: format!("{} questions for {} prompts", questions.len(), prompts.len()),
+        });
+    }
     let nullable = |name: &str, data_type| Arc::new(Field::new(name, data_type, true));
     let strings = |values: Vec<&str>| Arc::new(StringArray::from(values)) as ArrayRef;
     let list_of = |item: DataType, lengths: Vec<usize>, values: ArrayRef| {
@@ -190,9 +206,9 @@ pub fn write_search_r1(file: &Path, prompts: &[Task], ability: &str, split: &str
     for (row, p) in prompts.iter().enumerate() {
         match (&p.messages, &p.prompt) {
             (Some(m), _) if !m.is_empty() => {
-                messages.push(m.iter().map(|m| (&m.content[..], &m.role[..])).collect())
+                messages.push(m.iter().map(|m| (&m.role[..], &m.content[..])).collect())
             }
-            (_, Some(text)) => messages.push(vec![(&text[..], "user")]),
+            (_, Some(text)) => messages.push(vec![("user", &text[..])]),
             _ => {
                 return Err(DataError::BadRow {
                     file: file.to_owned(),
@@ -204,7 +220,7 @@ pub fn write_search_r1(file: &Path, prompts: &[Task], ability: &str, split: &str
         }
     }
     let message_fields =
-        Fields::from(vec![nullable("content", DataType::Utf8), nullable("role", DataType::Utf8)]);
+        Fields::from(vec![nullable("role", DataType::Utf8), nullable("content", DataType::Utf8)]);
     let all = messages.iter().flatten();
     let message_array = StructArray::new(
         message_fields.clone(),
@@ -217,30 +233,37 @@ pub fn write_search_r1(file: &Path, prompts: &[Task], ability: &str, split: &str
         Arc::new(message_array),
     );
 
-    let target = list_of(
-        DataType::Utf8,
-        prompts.iter().map(|p| p.ground_truth.len()).collect(),
-        strings(prompts.iter().flat_map(|p| p.ground_truth.iter().map(String::as_str)).collect()),
-    );
+    let answers = || {
+        list_of(
+            DataType::Utf8,
+            prompts.iter().map(|p| p.ground_truth.len()).collect(),
+            strings(prompts.iter().flat_map(|p| p.ground_truth.iter().map(String::as_str)).collect()),
+        )
+    };
+    let target = answers();
     let ground_truth_fields = Fields::from(vec![nullable("target", target.data_type().clone())]);
     let ground_truth = Arc::new(StructArray::new(ground_truth_fields.clone(), vec![target], None));
     let reward_fields = Fields::from(vec![
-        nullable("ground_truth", DataType::Struct(ground_truth_fields)),
         nullable("style", DataType::Utf8),
+        nullable("ground_truth", DataType::Struct(ground_truth_fields)),
     ]);
     let reward_model = StructArray::new(
         reward_fields.clone(),
-        vec![ground_truth, strings(vec!["rule"; prompts.len()])],
+        vec![strings(vec!["rule"; prompts.len()]), ground_truth],
         None,
     );
 
     let extra_fields =
-        Fields::from(vec![nullable("index", DataType::Int64), nullable("split", DataType::Utf8)]);
+        Fields::from(vec![nullable("split", DataType::Utf8), nullable("index", DataType::Int64)]);
     let index = Arc::new(Int64Array::from_iter_values(0..prompts.len() as i64)) as ArrayRef;
     let extra_info =
-        StructArray::new(extra_fields.clone(), vec![index, strings(vec![split; prompts.len()])], None);
+        StructArray::new(extra_fields.clone(), vec![strings(vec![split; prompts.len()]), index], None);
 
+    let golden_answers = answers();
     let schema = Arc::new(Schema::new(vec![
+        nullable("id", DataType::Utf8),
+        nullable("question", DataType::Utf8),
+        nullable("golden_answers", golden_answers.data_type().clone()),
         nullable("data_source", DataType::Utf8),
         nullable("prompt", prompt.data_type().clone()),
         nullable("ability", DataType::Utf8),
@@ -250,6 +273,9 @@ pub fn write_search_r1(file: &Path, prompts: &[Task], ability: &str, split: &str
     let batch = RecordBatch::try_new(
         schema.clone(),
         vec![
+            strings(prompts.iter().map(|p| p.id.as_str()).collect()),
+            strings(questions.iter().map(String::as_str).collect()),
+            golden_answers,
             strings(prompts.iter().map(|p| p.data_source.as_str()).collect()),
             prompt,
             strings(vec![ability; prompts.len()]),

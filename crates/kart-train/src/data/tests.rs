@@ -52,7 +52,12 @@ fn search_r1_parquet_round_trips() {
             tools: None,
         },
     ];
-    write_search_r1(&path, &prompts, "fact-reasoning", "train").unwrap();
+    let questions = vec!["Who wrote Hamlet".to_owned(), "Capital of Peru".to_owned()];
+    write_search_r1(&path, &prompts, &questions, "fact-reasoning", "train").unwrap();
+    assert!(
+        write_search_r1(&path, &prompts, &questions[..1], "qa", "train").is_err(),
+        "a question per prompt"
+    );
     let read = Dataset::load(&path, DataFormat::Auto, false, 0).unwrap();
     assert_eq!(read.skipped, 0);
     assert_eq!(read.prompts[0], Task { id: "nq/0".into(), ..prompts[0].clone() });
@@ -66,7 +71,7 @@ fn search_r1_parquet_round_trips() {
         }
     );
     let nothing = Task { messages: None, prompt: None, ..prompts[0].clone() };
-    let e = write_search_r1(&path, &[prompts[0].clone(), nothing], "qa", "train").unwrap_err();
+    let e = write_search_r1(&path, &[prompts[0].clone(), nothing], &questions, "qa", "train").unwrap_err();
     assert!(
         e.to_string().ends_with("row 1 (0-based): messages: a prompt needs `messages` or `prompt`"),
         "{e}"
@@ -175,6 +180,7 @@ fn bad_rows_fail_naming_file_row_and_field_or_are_skipped() {
             data_source: "nq".into(),
             tools: None,
         }],
+        &["Q".to_owned()],
         "qa",
         "test",
     )
@@ -182,7 +188,7 @@ fn bad_rows_fail_naming_file_row_and_field_or_are_skipped() {
     let e = Dataset::load(&parquet, DataFormat::Tir, false, 0).unwrap_err();
     assert!(
         e.to_string().ends_with(
-            "row 0 (0-based): question: missing (a row needs `question`, `problem` or `messages`)"
+            "row 0 (0-based): answer: missing (a row needs `answer` or `answers`)"
         ),
         "{e}"
     );
@@ -258,13 +264,14 @@ fn parquet_interoperates_with_pandas_and_pyarrow() {
                 tools: None,
             },
         ],
+        &["who?".to_owned(), "where?".to_owned()],
         "fact-reasoning",
         "test",
     )
     .unwrap();
     let script = r#"
 import json, sys
-import numpy as np, pandas as pd, pyarrow.parquet as pq
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
 
 def source(name, rows, split):
     out = []
@@ -277,16 +284,21 @@ def source(name, rows, split):
             "reward_model": {"style": "rule", "ground_truth": {"target": np.array(answers, dtype=object)}},
             "extra_info": {"split": split, "index": idx},
         })
-    return pd.DataFrame(out)
+    return out
 
-merged = pd.concat([
-    source("nq", [("who wrote hamlet", ["Shakespeare"]), ("capital of peru", ["Lima", "Lima, Peru"])], "train"),
-    source("hotpotqa", [("which is older", ["the oak"])], "train"),
-], ignore_index=True)
-merged.to_parquet(sys.argv[1])
+# As `datasets` writes them: pyarrow's inference over the rows (`string`, struct fields in
+# insertion order).
+merged = source("nq", [("who wrote hamlet", ["Shakespeare"]), ("capital of peru", ["Lima", "Lima, Peru"])], "train")
+merged += source("hotpotqa", [("which is older", ["the oak"])], "train")
+for row in merged:
+    row["reward_model"]["ground_truth"]["target"] = list(row["reward_model"]["ground_truth"]["target"])
+pq.write_table(pa.Table.from_pylist(merged), sys.argv[1])
 
 table = pq.read_table(sys.argv[2])
-print(json.dumps({"schema": str(table.schema.remove_metadata()), "rows": table.to_pylist()}))
+upstream = pq.read_table(sys.argv[1])
+joined = pa.concat_tables([upstream.select(table.column_names), table])
+print(json.dumps({"schema": str(table.schema.remove_metadata()), "rows": table.to_pylist(),
+                  "upstream_columns": upstream.column_names, "joined": joined.num_rows}))
 "#;
     let out = Command::new(&python).arg("-c").arg(script).arg(&upstream).arg(&ours).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -308,23 +320,54 @@ print(json.dumps({"schema": str(table.schema.remove_metadata()), "rows": table.t
 
     let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
     let schema = seen["schema"].as_str().unwrap();
-    for column in [
-        "data_source: string",
-        "prompt: list<element: struct<content: string, role: string>>",
-        "ability: string",
-        "reward_model: struct<ground_truth: struct<target: list<element: string>>, style: string>",
-        "extra_info: struct<index: int64, split: string>",
-    ] {
-        assert!(schema.contains(column), "{column} not in {schema}");
-    }
+    // nq_search.py's columns and struct field orders, so pyarrow joins kart's file to upstream's.
+    let columns: Vec<&str> = schema.lines().collect();
+    assert_eq!(
+        columns,
+        [
+            "id: string",
+            "question: string",
+            "golden_answers: list<element: string>",
+            "  child 0, element: string",
+            "data_source: string",
+            "prompt: list<element: struct<role: string, content: string>>",
+            "  child 0, element: struct<role: string, content: string>",
+            "      child 0, role: string",
+            "      child 1, content: string",
+            "ability: string",
+            "reward_model: struct<style: string, ground_truth: struct<target: list<element: string>>>",
+            "  child 0, style: string",
+            "  child 1, ground_truth: struct<target: list<element: string>>",
+            "      child 0, target: list<element: string>",
+            "          child 0, element: string",
+            "extra_info: struct<split: string, index: int64>",
+            "  child 0, split: string",
+            "  child 1, index: int64",
+        ],
+        "{schema}"
+    );
+    assert_eq!(
+        seen["upstream_columns"],
+        json!(
+            columns
+                .iter()
+                .filter(|c| !c.starts_with(' '))
+                .map(|c| c.split(':').next().unwrap())
+                .collect::<Vec<_>>()
+        )
+    );
+    assert_eq!(seen["joined"], 5, "pyarrow.concat_tables joins the two files");
     assert_eq!(
         seen["rows"][1],
         json!({
+            "id": "",
+            "question": "where?",
+            "golden_answers": ["Oslo"],
             "data_source": "hotpotqa",
-            "prompt": [{"content": "Where?", "role": "user"}],
+            "prompt": [{"role": "user", "content": "Where?"}],
             "ability": "fact-reasoning",
-            "reward_model": {"ground_truth": {"target": ["Oslo"]}, "style": "rule"},
-            "extra_info": {"index": 1, "split": "test"},
+            "reward_model": {"style": "rule", "ground_truth": {"target": ["Oslo"]}},
+            "extra_info": {"split": "test", "index": 1},
         })
     );
     assert_eq!(seen["rows"][0]["reward_model"]["ground_truth"]["target"], json!(["Ann", "Anne"]));

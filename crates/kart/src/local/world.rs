@@ -434,7 +434,8 @@ impl World {
             (&self.warm_start, &paths.warm_start, "warm-start"),
         ] {
             let prompts = questions.iter().map(|q| q.to_prompt(format)).collect::<Result<Vec<_>, _>>()?;
-            write_search_r1(path, &prompts, "fact-reasoning", split)?;
+            let texts: Vec<String> = questions.iter().map(|q| q.question.clone()).collect();
+            write_search_r1(path, &prompts, &texts, "fact-reasoning", split)?;
         }
         Ok(paths)
     }
