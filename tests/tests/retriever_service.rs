@@ -8,7 +8,8 @@ use std::time::Duration;
 
 fn corpus(dir: &std::path::Path) -> std::path::PathBuf {
     let rows = [
-        json!({"id": "0", "contents": "\"Eiffel Tower\"\nThe Eiffel Tower is a wrought-iron lattice tower in Paris, France."}),
+        json!({"id": "0", "contents": "\"Eiffel Tower\"\nThe Eiffel Tower is a wrought-iron lattice tower in Paris, France.",
+               "url": "https://en.wikipedia.org/wiki/Eiffel_Tower", "wikipedia_id": 9232}),
         json!({"id": "1", "contents": "\"Colosseum\"\nThe Colosseum is an ancient amphitheatre in the centre of Rome."}),
         json!({"id": 2, "title": "Hamlet", "text": "Hamlet is a tragedy written by William Shakespeare."}),
         json!({"id": "3", "contents": "\"Mount Everest\"\nMount Everest is Earth's highest mountain above sea level."}),
@@ -74,6 +75,21 @@ fn search_r1_client_payload_works_unchanged() {
         .json()
         .unwrap();
     assert_eq!(empty, json!({"result": []}));
+
+    // ASearcher's client: documents without scores, each row's own `url` read beside `contents`.
+    let asearcher: Value = client
+        .post(format!("{base}/retrieve"))
+        .json(&json!({"queries": ["Eiffel Tower Paris"], "topk": 1, "return_scores": false}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let doc = &asearcher["result"][0][0];
+    assert_eq!(
+        (&doc["url"], &doc["wikipedia_id"], doc["contents"].as_str().map(|c| c.starts_with("\"Eiffel Tower\""))),
+        (&json!("https://en.wikipedia.org/wiki/Eiffel_Tower"), &json!(9232), Some(true)),
+        "{asearcher}"
+    );
 
     // `topk: 0` is the server's default, as Search-R1's server reads it.
     let default: Value = client

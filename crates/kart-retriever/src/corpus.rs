@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Numeric ids are kept as their decimal text; a `title`/`text` row becomes Search-R1's
-//! `contents` through [`contents`](kart_core::agent::search_r1::contents). Other fields are ignored and blank lines skipped.
+//! `contents` through [`contents`](kart_core::agent::search_r1::contents). Other fields (`url`,
+//! …) are kept with the passage, to be returned with it; blank lines are skipped.
 //! [`CorpusReader`] reads one line at a time, so memory stays bounded whatever the corpus size,
 //! and reports how far it has read through the file for progress bars.
 
@@ -31,6 +32,8 @@ pub struct Passage {
     pub id: String,
     /// Search-R1's `contents`: `"{title}"`, a newline, then the text.
     pub contents: String,
+    /// The row's other fields (all but `id`, `contents`, `title` and `text`).
+    pub fields: serde_json::Map<String, Value>,
 }
 
 /// Iterates over the passages of a corpus file, in file order.
@@ -107,6 +110,8 @@ struct Row {
     contents: Option<String>,
     title: Option<String>,
     text: Option<String>,
+    #[serde(flatten)]
+    fields: serde_json::Map<String, Value>,
 }
 
 /// The passage of one JSON line, or why the line is not a corpus row.
@@ -126,7 +131,7 @@ fn parse_row(line: &[u8]) -> Result<Passage, String> {
         (None, Some(_), None) => return Err("missing field \"text\" (a row with \"title\" needs it)".into()),
         (None, None, _) => return Err("missing field \"contents\" (or \"title\" and \"text\")".into()),
     };
-    Ok(Passage { id, contents })
+    Ok(Passage { id, contents, fields: row.fields })
 }
 
 /// Names what makes `line` fail the typed parse: invalid JSON, not an object, or the field of the
@@ -185,9 +190,17 @@ mod tests {
 
     fn expected() -> Vec<Passage> {
         vec![
-            Passage { id: "0".into(), contents: "\"Aaron\"\nAaron is a prophet.".into() },
-            Passage { id: "17".into(), contents: "\"Paris\"\nCapital of France.".into() },
-            Passage { id: "2.5".into(), contents: "no title line".into() },
+            Passage {
+                id: "0".into(),
+                contents: "\"Aaron\"\nAaron is a prophet.".into(),
+                fields: serde_json::Map::new(),
+            },
+            Passage {
+                id: "17".into(),
+                contents: "\"Paris\"\nCapital of France.".into(),
+                fields: serde_json::json!({"extra": [1]}).as_object().unwrap().clone(),
+            },
+            Passage { id: "2.5".into(), contents: "no title line".into(), fields: serde_json::Map::new() },
         ]
     }
 

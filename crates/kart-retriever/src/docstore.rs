@@ -17,7 +17,8 @@
 //!
 //! ```text
 //! DIR/kart-index.json    {"format": 1, "method": "bm25", "documents": 21015324, ...}
-//! DIR/meta.json, *.idx…  the tantivy index: id (STRING), contents (TEXT or stored), ordinal (u64)
+//! DIR/meta.json, *.idx…  the tantivy index: id (STRING), contents (TEXT or stored), ordinal (u64),
+//!                        fields (stored JSON text of the row's other fields; absent in older indexes)
 //! ```
 
 use crate::RetrieverError;
@@ -61,6 +62,8 @@ const DOCSTORE_BLOCK_BYTES: usize = 4096;
 
 /// The field holding a document's position in the corpus; the index is sorted by it.
 const ORDINAL: &str = "ordinal";
+/// The stored field holding a row's other fields.
+const FIELDS: &str = "fields";
 
 /// tantivy's bounds on one indexing thread's memory arena.
 const MIN_THREAD_BUDGET: usize = 15_000_000;
@@ -96,6 +99,8 @@ pub struct Fields {
     pub contents: Field,
     /// Position in the corpus, from 0 (indexed, fast, stored).
     pub ordinal: Field,
+    /// The corpus row's other fields as JSON text, stored (`None` in indexes built before it).
+    pub fields: Option<Field>,
 }
 
 impl Manifest {
@@ -137,6 +142,7 @@ impl Fields {
             id: schema.get_field("id")?,
             contents: schema.get_field("contents")?,
             ordinal: schema.get_field(ORDINAL)?,
+            fields: schema.get_field(FIELDS).ok(),
         })
     }
 }
@@ -167,6 +173,7 @@ fn schema(index_text: bool) -> Schema {
     };
     builder.add_text_field("contents", contents);
     builder.add_u64_field(ORDINAL, INDEXED | FAST | STORED);
+    builder.add_text_field(FIELDS, STORED);
     builder.build()
 }
 
@@ -233,6 +240,9 @@ impl DocStoreWriter {
         doc.add_text(self.fields.id, &passage.id);
         doc.add_text(self.fields.contents, &passage.contents);
         doc.add_u64(self.fields.ordinal, ordinal);
+        if let Some(field) = self.fields.fields.filter(|_| !passage.fields.is_empty()) {
+            doc.add_text(field, serde_json::Value::Object(passage.fields.clone()).to_string());
+        }
         self.writer.add_document(doc).map_err(|source| self.tantivy_error(source))?;
         self.documents += 1;
         Ok(ordinal)
@@ -323,7 +333,14 @@ impl DocStore {
                 }
             })
         };
-        Ok(document(text(self.fields.id, "id")?, text(self.fields.contents, "contents")?))
+        let mut found = document(text(self.fields.id, "id")?, text(self.fields.contents, "contents")?);
+        if let Some(json) = self.fields.fields.and_then(|f| doc.get_first(f)).and_then(|v| v.as_str()) {
+            found.fields = serde_json::from_str(json).map_err(|e| RetrieverError::Index {
+                path: self.dir.clone(),
+                reason: format!("document {address:?}: stored fields are not a JSON object: {e}"),
+            })?;
+        }
+        Ok(found)
     }
 
     /// Where the document of `ordinal` lives: a term lookup of the ordinal in each segment.
@@ -429,6 +446,7 @@ pub(crate) mod tests {
             .map(|i| Passage {
                 id: format!("doc-{i}"),
                 contents: format!("\"Title {i}\"\nText of passage {i}."),
+                fields: serde_json::json!({"url": format!("https://wiki/{i}")}).as_object().unwrap().clone(),
             })
             .collect()
     }
@@ -449,7 +467,9 @@ pub(crate) mod tests {
         assert_eq!((store.len(), store.is_empty()), (500, false));
         assert_eq!(store.manifest(), &Manifest { documents: 500, ..dense });
         let got = store.get(137).unwrap();
-        assert_eq!(got, document("doc-137".into(), corpus[137].contents.clone()));
+        let expected = document("doc-137".into(), corpus[137].contents.clone());
+        assert_eq!(got, Document { fields: corpus[137].fields.clone(), ..expected });
+        assert_eq!(serde_json::to_value(&got).unwrap()["url"], "https://wiki/137", "the row's own fields");
         assert_eq!(got.title.as_deref(), Some("Title 137"));
         let many = store.get_many(&[499, 0, 250]).unwrap();
         assert_eq!(many.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["doc-499", "doc-0", "doc-250"]);

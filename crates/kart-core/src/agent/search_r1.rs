@@ -115,6 +115,10 @@ pub struct Document {
     /// The text alone, when the corpus has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// The corpus row's other fields (`url`, …), returned as upstream servers return the whole
+    /// row (ASearcher's client reads `url`).
+    #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 /// One hit of a retrieval: `{"document": {…}, "score": s}`.
@@ -249,7 +253,7 @@ pub fn document(id: String, contents: String) -> Document {
     let (first, rest) = contents.split_once('\n').unwrap_or((&contents, ""));
     let title = first.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(first).to_string();
     let text = rest.to_string();
-    Document { id, contents, title: Some(title), text: Some(text) }
+    Document { id, contents, title: Some(title), text: Some(text), fields: serde_json::Map::new() }
 }
 
 /// Search-R1's `contents` for a passage given as a title and a text.
@@ -263,7 +267,13 @@ mod tests {
 
     fn hit(contents: &str) -> RetrievalResult {
         RetrievalResult {
-            document: Document { id: "0".into(), contents: contents.into(), title: None, text: None },
+            document: Document {
+                id: "0".into(),
+                contents: contents.into(),
+                title: None,
+                text: None,
+                fields: serde_json::Map::new(),
+            },
             score: 1.0,
         }
     }

@@ -187,9 +187,7 @@ fn bad_rows_fail_naming_file_row_and_field_or_are_skipped() {
     .unwrap();
     let e = Dataset::load(&parquet, DataFormat::Tir, false, 0).unwrap_err();
     assert!(
-        e.to_string().ends_with(
-            "row 0 (0-based): answer: missing (a row needs `answer` or `answers`)"
-        ),
+        e.to_string().ends_with("row 0 (0-based): answer: missing (a row needs `answer` or `answers`)"),
         "{e}"
     );
     let e = Dataset::load(&parquet, DataFormat::Tir, true, 0).unwrap_err();
