@@ -39,11 +39,18 @@ fn search_r1_client_payload_works_unchanged() {
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(report, json!({"documents": 5, "method": "bm25"}));
 
+    // ASearcher's local pages, keyed by url.
+    let pages = dir.join("pages.jsonl");
+    let page = json!({"url": "https://en.wikipedia.org/w/index.php?title=Eiffel%20Tower",
+                      "contents": "The Eiffel Tower is a lattice tower.", "title": "Eiffel Tower"});
+    std::fs::write(&pages, format!("{page}\n")).unwrap();
     let port = free_port();
     let mut server = Child(
         Command::new(binary("kart"))
             .args(["retriever", "serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--index"])
             .arg(&index)
+            .arg("--pages")
+            .arg(&pages)
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
@@ -86,10 +93,24 @@ fn search_r1_client_payload_works_unchanged() {
         .unwrap();
     let doc = &asearcher["result"][0][0];
     assert_eq!(
-        (&doc["url"], &doc["wikipedia_id"], doc["contents"].as_str().map(|c| c.starts_with("\"Eiffel Tower\""))),
+        (
+            &doc["url"],
+            &doc["wikipedia_id"],
+            doc["contents"].as_str().map(|c| c.starts_with("\"Eiffel Tower\""))
+        ),
         (&json!("https://en.wikipedia.org/wiki/Eiffel_Tower"), &json!(9232), Some(true)),
         "{asearcher}"
     );
+
+    // ASearcher's client reads `contents` of each `/access` result, a missing page being null;
+    // kart's own reads `page`.
+    let urls =
+        ["https://en.wikipedia.org/w/index.php/Eiffel%20Tower", "https://en.wikipedia.org/wiki/Nowhere"];
+    let access: Value =
+        client.post(format!("{base}/access")).json(&json!({"urls": urls})).send().unwrap().json().unwrap();
+    let mut expected = page.clone();
+    expected["page"] = page["contents"].clone();
+    assert_eq!(access, json!({"result": [expected, null]}));
 
     // `topk: 0` is the server's default, as Search-R1's server reads it.
     let default: Value = client

@@ -7,6 +7,7 @@
 //! - [`bm25`]: building and searching the BM25 index, with top-k by window-max MaxScore (`max_score`);
 //! - [`encoder`] and [`dense`]: sentence embeddings and the flat inner-product index;
 //! - [`online`]: Serper web search and page reading (Jina reader or direct fetch), cached;
+//! - [`local_pages`]: ASearcher's local pages file, for `/access` without the web;
 //! - [`server`]: the HTTP service.
 //!
 //! Local indexes implement [`LocalIndex`]; the server runs their CPU-bound searches off the async
@@ -21,6 +22,7 @@ pub mod docstore;
 pub mod encoder;
 mod error;
 mod in_process;
+pub mod local_pages;
 pub mod max_score;
 pub mod online;
 pub mod server;

@@ -12,6 +12,7 @@
 //! A failing upstream (Serper, Jina) is a 502; a failing local index a 500; a bug (a panic in a
 //! handler or in a search) a 500 whose cause is logged, not returned.
 
+use crate::local_pages::LocalPages;
 use crate::online::{OnlineSearch, PageReader};
 use crate::{LocalIndex, RetrieverError};
 use axum::Router;
@@ -131,6 +132,8 @@ pub struct AppState {
     config: RetrieverConfig,
     backend: OnceLock<Backend>,
     pages: PageReader,
+    /// ASearcher's local pages, when `pages` is configured (loaded with the backend).
+    local_pages: OnceLock<LocalPages>,
     ready: Readiness,
     metrics: Metrics,
 }
@@ -143,6 +146,7 @@ impl AppState {
             config,
             backend: OnceLock::new(),
             pages,
+            local_pages: OnceLock::new(),
             ready: Readiness::default(),
             metrics: Metrics::new(registry),
         }))
@@ -215,6 +219,11 @@ async fn serve(listener: tokio::net::TcpListener, config: RetrieverConfig) -> Re
     let loading = state.clone();
     let load_registry = registry.clone();
     let loader = tokio::task::spawn_blocking(move || {
+        if let Some(path) = &loading.config.pages {
+            let pages = LocalPages::load(path)?;
+            tracing::info!(pages = pages.len(), path = %path.display(), "local pages loaded");
+            let _ = loading.local_pages.set(pages);
+        }
         Backend::open(&loading.config, &load_registry).map(|b| loading.set_backend(b))
     });
     let server = tokio::spawn(http::serve(listener, router(state, registry)));
@@ -340,6 +349,30 @@ async fn access(State(state): State<Arc<AppState>>, body: Body) -> Response {
 async fn answer_access(state: &AppState, body: Body) -> Result<Value, ApiError> {
     let body = http::read_json(body, state.config.max_body_bytes).await?;
     let urls = AccessRequest::parse(&body)?.urls;
+    if state.config.pages.is_some() {
+        // ASearcher's local server: the stored page (with kart's `page` beside its `contents`), or
+        // null.
+        let Some(local) = state.local_pages.get() else {
+            return Err(ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                field: "urls".into(),
+                message: "the local pages are still loading".into(),
+            });
+        };
+        let result: Vec<Value> = urls
+            .iter()
+            .map(|url| match local.get(url) {
+                Some(page) => {
+                    let mut page = page.clone();
+                    let contents = page.get("contents").cloned().unwrap_or(Value::Null);
+                    page.entry("page").or_insert(contents);
+                    Value::Object(page)
+                }
+                None => Value::Null,
+            })
+            .collect();
+        return Ok(json!({ "result": result }));
+    }
     let pages = state.pages.access(&urls).await;
     let result: Vec<Value> = urls
         .iter()

@@ -142,6 +142,10 @@ pub struct RetrieverConfig {
     pub encoder: EncoderConfig,
     /// Online backend settings (Serper search, page access).
     pub online: OnlineConfig,
+    /// ASearcher's local pages file (JSON lines keyed by `url`, such as its
+    /// `wiki_webpages.jsonl`, plain or gzipped): `/access` answers from it, as ASearcher's local
+    /// server does, instead of reading the web.
+    pub pages: Option<PathBuf>,
 }
 
 impl Default for RetrieverConfig {
@@ -158,6 +162,7 @@ impl Default for RetrieverConfig {
             max_response_bytes: 64 << 20,
             encoder: EncoderConfig::default(),
             online: OnlineConfig::default(),
+            pages: None,
         }
     }
 }

@@ -61,6 +61,9 @@ pub struct ServeArgs {
     /// Results per query when a request's topk is null.
     #[arg(long)]
     topk: Option<usize>,
+    /// ASearcher's local pages file (JSON lines keyed by `url`): `/access` answers from it.
+    #[arg(long)]
+    pages: Option<PathBuf>,
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -151,6 +154,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "--topk: {topk} is not in 1..=1000"
         );
         config.topk = topk;
+    }
+    if let Some(pages) = args.pages {
+        config.pages = Some(pages);
     }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(kart_retriever::server::run(config))?;
