@@ -202,3 +202,33 @@ fn a_workflow_trains_every_role_of_a_prompt_in_its_group() {
         );
     }
 }
+
+/// Dotted `key=value` overrides after the config file reach the config (a bad value is refused
+/// naming its key), and one that breaks a rule is refused by the config's own check.
+#[test]
+fn overrides_on_the_command_line_change_the_config() {
+    let dir = fresh_dir("kart-train-overrides");
+    kart_tests::write_capitals(&dir);
+    let out = dir.join("run");
+    let path = dir.join("train.json");
+    std::fs::write(&path, kart_tests::capitals_train_config(&dir, &out, &[], 1).to_string()).unwrap();
+    let stderr = |overrides: &[&str]| {
+        let output = Command::new(binary("kart"))
+            .args(["train", "--config"])
+            .arg(&path)
+            .args(overrides)
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let (ok, err) = stderr(&["batch.mini_batch_prompts=3"]);
+    assert!(!ok && err.contains("batch.mini_batch_prompts = 3"), "{err}");
+    let (ok, err) = stderr(&["optim.lr=fast"]);
+    assert!(!ok && err.contains("invalid type: string \"fast\", expected f64"), "{err}");
+    let (ok, err) = stderr(&["optim.learning_rate=1e-6"]);
+    assert!(!ok && err.contains("unknown field `learning_rate`"), "{err}");
+    let (ok, err) = stderr(&["lr"]);
+    assert!(!ok && err.contains("override = lr: expected key=value"), "{err}");
+    assert!(!out.exists(), "nothing ran");
+}

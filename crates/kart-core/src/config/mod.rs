@@ -6,6 +6,7 @@
 pub mod env;
 pub mod functions;
 pub mod memory;
+pub mod overrides;
 pub mod retriever;
 pub mod retry;
 pub mod reward;

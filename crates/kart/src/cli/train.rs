@@ -40,6 +40,10 @@ pub struct TrainArgs {
     /// visible GPU, a number that many processes (CPU processes without GPUs).
     #[arg(long, value_name = "N|auto")]
     nproc_per_node: Option<super::launch::NprocPerNode>,
+    /// Dotted overrides of the file's keys, as verl's command lines give them
+    /// (`optim.lr=1e-6 batch.n=8`); a value is JSON when it parses as JSON, else a string.
+    #[arg(value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
 }
 
 /// Serves `/healthz`, `/readyz` and `/metrics` at the config's address from a thread of its own.
@@ -66,12 +70,17 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         if let Some(port) = args.port {
             child.extend(["--port".into(), port.to_string().into()]);
         }
+        child.extend(args.overrides.iter().map(Into::into));
         return Ok(ExitCode::from(super::launch::run(nproc, child, None)?));
     }
     let ranks = Ranks::from_env()?;
     let path = args.config.display().to_string();
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("--config {path}"))?;
-    let mut config: TrainConfig = serde_json::from_str(&text).with_context(|| format!("--config {path}"))?;
+    let mut value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("--config {path}"))?;
+    kart_core::config::overrides::apply(&mut value, &args.overrides)?;
+    let mut config: TrainConfig =
+        serde_json::from_value(value).with_context(|| format!("--config {path} with the overrides"))?;
     if let Some(port) = args.port {
         config.port = port;
     }
