@@ -48,12 +48,18 @@ pub enum PromptError {
 /// The user prompt for `question`: stripped, `?` appended unless it already ends with one, inserted
 /// into upstream's `make_prefix` template (which ends with a newline).
 pub fn make_prefix(question: &str) -> Result<String, PromptError> {
+    Ok(format!("{PROMPT_PREFIX}{}\n", normalize_question(question)?))
+}
+
+/// The question as `nq_search.py` rewrites it before the prompt: stripped (Python's `str.strip`),
+/// with `?` appended unless it already ends with one.
+pub fn normalize_question(question: &str) -> Result<String, PromptError> {
     let stripped = python_strip(question);
     if stripped.is_empty() {
         return Err(PromptError::EmptyQuestion(question.to_string()));
     }
     let mark = if stripped.ends_with('?') { "" } else { "?" };
-    Ok(format!("{PROMPT_PREFIX}{stripped}{mark}\n"))
+    Ok(format!("{stripped}{mark}"))
 }
 
 /// Cuts a raw model turn after its first `</search>`, or else after its first `</answer>`; a turn

@@ -1,6 +1,7 @@
 //! Training and evaluation prompts: Search-R1 parquet, ASearcher and TIR JSON lines (plain or
 //! gzip), read into the rollout API's [`Task`]s, and the seeded
-//! [`Sampler`] that orders them.
+//! [`Sampler`] that orders them; FlashRAG question files made into Search-R1 parquet
+//! ([`flashrag_to_search_r1`]).
 //!
 //! Any of the three row schemas may come in either container: a file starting with `PAR1` is
 //! parquet, anything else JSON lines (gzip when it starts with gzip's magic bytes).
@@ -17,11 +18,13 @@
 //! number each source from 0, which the `data_source` prefix already separates, and any remaining
 //! repeats stay apart in file order.
 
+mod flashrag;
 mod jsonl;
 mod parquet;
 mod rows;
 mod sampler;
 
+pub use flashrag::{Split, flashrag_to_search_r1};
 pub use parquet::write_search_r1;
 pub use sampler::{Sampler, permutation};
 

@@ -3,6 +3,7 @@
 mod allocator;
 mod bench;
 mod conformance;
+mod data;
 mod doctor;
 mod launch;
 mod local;
@@ -30,6 +31,8 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::Command),
     Conformance(conformance::Args),
+    #[command(subcommand)]
+    Data(data::Command),
     Doctor(doctor::DoctorArgs),
     Local(local::LocalArgs),
     Plan(plan::Args),
@@ -49,6 +52,7 @@ pub fn run() -> ExitCode {
     let result = match cli.command {
         Command::Bench(command) => bench::run(command),
         Command::Conformance(args) => conformance::run(args),
+        Command::Data(command) => data::run(command),
         Command::Doctor(args) => doctor::run(args),
         Command::Local(args) => local::run(args),
         Command::Plan(args) => plan::run(args),
