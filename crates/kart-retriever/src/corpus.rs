@@ -52,7 +52,7 @@ pub struct CorpusReader {
 impl CorpusReader {
     /// Opens a corpus file, plain or gzipped.
     pub fn open(path: &Path) -> Result<Self, RetrieverError> {
-        let (lines, consumed, total_bytes) = open_lines(path)?;
+        let Lines { reader: lines, consumed, total_bytes } = open_lines(path)?;
         Ok(CorpusReader {
             path: path.to_path_buf(),
             lines,
@@ -96,11 +96,18 @@ impl Iterator for CorpusReader {
     }
 }
 
-/// The lines of a JSON-lines file, plain or gzipped (told by its magic bytes), with a count of
-/// the file's bytes consumed so far (compressed bytes for a gzipped file) and its size.
-pub(crate) fn open_lines(
-    path: &Path,
-) -> Result<(Box<dyn BufRead + Send>, Arc<AtomicU64>, u64), RetrieverError> {
+/// An open JSON-lines file.
+pub(crate) struct Lines {
+    /// Its lines, decompressed.
+    pub reader: Box<dyn BufRead + Send>,
+    /// Bytes of the file consumed so far (compressed bytes for a gzipped file).
+    pub consumed: Arc<AtomicU64>,
+    /// Size of the file in bytes.
+    pub total_bytes: u64,
+}
+
+/// Opens a JSON-lines file, plain or gzipped (told by its magic bytes).
+pub(crate) fn open_lines(path: &Path) -> Result<Lines, RetrieverError> {
     let io_error = |source| RetrieverError::Io { path: path.to_path_buf(), source };
     let file = File::open(path).map_err(io_error)?;
     let total_bytes = file.metadata().map_err(io_error)?.len();
@@ -109,7 +116,7 @@ pub(crate) fn open_lines(
     let gzipped = raw.fill_buf().map_err(io_error)?.starts_with(&[0x1f, 0x8b]);
     let lines: Box<dyn BufRead + Send> =
         if gzipped { Box::new(BufReader::new(MultiGzDecoder::new(raw))) } else { Box::new(raw) };
-    Ok((lines, consumed, total_bytes))
+    Ok(Lines { reader: lines, consumed, total_bytes })
 }
 
 /// The fields of a row, as a fast typed parse sees them; see [`diagnose`] for why a row fails it.

@@ -24,9 +24,8 @@ impl LocalPages {
     /// Reads the pages file at `path` (plain or gzipped); a line that is not a JSON object with a
     /// string `url` is an error naming the line.
     pub fn load(path: &Path) -> Result<Self, RetrieverError> {
-        let (lines, _, _) = open_lines(path)?;
         let mut pages = HashMap::new();
-        for (i, line) in lines.split(b'\n').enumerate() {
+        for (i, line) in open_lines(path)?.reader.split(b'\n').enumerate() {
             let line = line.map_err(|source| RetrieverError::Io { path: path.to_path_buf(), source })?;
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
