@@ -3,6 +3,7 @@
 mod allocator;
 mod bench;
 mod conformance;
+mod convert;
 mod data;
 mod doctor;
 mod launch;
@@ -32,6 +33,8 @@ enum Command {
     Bench(bench::Command),
     Conformance(conformance::Args),
     #[command(subcommand)]
+    Convert(convert::Command),
+    #[command(subcommand)]
     Data(data::Command),
     Doctor(doctor::DoctorArgs),
     Local(local::LocalArgs),
@@ -52,6 +55,7 @@ pub fn run() -> ExitCode {
     let result = match cli.command {
         Command::Bench(command) => bench::run(command),
         Command::Conformance(args) => conformance::run(args),
+        Command::Convert(command) => convert::run(command),
         Command::Data(command) => data::run(command),
         Command::Doctor(args) => doctor::run(args),
         Command::Local(args) => local::run(args),
