@@ -121,6 +121,31 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     {
         assert!(dir.join(file).is_file(), "{file}");
     }
+    // `kart eval` of the final model on the held-out split, with the run's settings, reproduces
+    // the figures `kart local` reports after RL.
+    let eval = Command::new(binary("kart"))
+        .args(["eval", "--max-prompts", "8", "--model"])
+        .arg(dir.join("model"))
+        .arg("--data")
+        .arg(dir.join("world/test.parquet"))
+        .arg("--config")
+        .arg(dir.join("train-config.json"))
+        .arg("--out")
+        .arg(dir.join("eval.json"))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&eval.stdout);
+    assert!(eval.status.success(), "{table}\n{}", String::from_utf8_lossy(&eval.stderr));
+    assert!(table.contains("EM") && table.contains("searches / question"), "{table}");
+    let figures: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("eval.json")).unwrap()).unwrap();
+    let after = &summary["after_rl"];
+    assert_eq!(figures["all"]["questions"], 8);
+    for (ours, theirs) in
+        [("exact_match", "exact_match"), ("reward", "mean_reward"), ("searches", "searches_per_trajectory")]
+    {
+        assert_eq!(figures["all"][ours], after[theirs], "{ours}: {figures} vs {after}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

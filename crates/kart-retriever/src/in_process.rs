@@ -8,6 +8,15 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct InProcess(pub Arc<dyn LocalIndex>);
 
+impl InProcess {
+    /// The index folder `dir` (built by `kart retriever index`, its method read from its manifest)
+    /// as a search tool.
+    pub fn open(dir: &std::path::Path) -> Result<Arc<dyn Search>, crate::RetrieverError> {
+        let manifest = crate::docstore::Manifest::read(dir)?;
+        Ok(Arc::new(InProcess(crate::open_local(dir, manifest.method)?)))
+    }
+}
+
 impl Search for InProcess {
     fn search<'a>(&'a self, queries: &'a [String], topk: usize) -> Searched<'a> {
         Box::pin(async move {

@@ -7,10 +7,17 @@
 //! `em_check` (SQuAD normalisation against any golden answer); F1 is ASearcher's token F1, the best
 //! over the golden answers.
 
+use crate::pool::RolloutPool;
+use futures::StreamExt;
+use kart_core::agent::trajectory::Trajectory;
+use kart_core::config::env::EnvConfig;
+use kart_core::generation::SamplingParams;
 use kart_core::reward::asearcher::{extract_solution, f1_score};
 use kart_core::reward::math;
 use kart_core::reward::search_r1::em_check;
-use std::collections::BTreeMap;
+use kart_core::wire::{RolloutRequest, Task};
+use kart_tokenizer::{Tokenizer, TokenizerError};
+use std::collections::{BTreeMap, HashMap};
 
 /// One scored trajectory.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +30,8 @@ pub struct Scored {
     pub tool_calls: f64,
     /// An answer was given and every turn held a valid action.
     pub valid_format: bool,
+    /// Tokens the model generated.
+    pub response_tokens: f64,
 }
 
 /// The final answer of a model response.
@@ -48,6 +57,7 @@ pub struct Summary {
     pub reward: f64,
     pub tool_calls: f64,
     pub valid_format: f64,
+    pub response_tokens: f64,
 }
 
 impl Summary {
@@ -60,10 +70,19 @@ impl Summary {
             s.reward += x.reward;
             s.tool_calls += x.tool_calls;
             s.valid_format += f64::from(u8::from(x.valid_format));
+            s.response_tokens += x.response_tokens;
         }
         if s.count > 0 {
             let n = s.count as f64;
-            for v in [&mut s.exact_match, &mut s.f1, &mut s.reward, &mut s.tool_calls, &mut s.valid_format] {
+            let means = [
+                &mut s.exact_match,
+                &mut s.f1,
+                &mut s.reward,
+                &mut s.tool_calls,
+                &mut s.valid_format,
+                &mut s.response_tokens,
+            ];
+            for v in means {
                 *v /= n;
             }
         }
@@ -96,6 +115,62 @@ impl Report {
     pub fn sources(&self) -> impl Iterator<Item = (&str, &Summary)> {
         std::iter::once(("all", &self.all)).chain(self.by_source.iter().map(|(k, v)| (k.as_str(), v)))
     }
+}
+
+/// How one evaluation pass decodes.
+#[derive(Debug, Clone)]
+pub struct Pass {
+    /// Trajectories per prompt.
+    pub n: usize,
+    pub sampling: SamplingParams,
+    /// The policy version asked of the pool, if any.
+    pub policy_version: Option<i64>,
+}
+
+/// Rolls out `prompts` through `pool` in `env` as `pass` says, and scores every trajectory
+/// against its prompt's golden answers; returns the report and the scored trajectories (a failed
+/// group is left out). `progress` advances by one per group.
+pub async fn score(
+    pool: &dyn RolloutPool,
+    tokenizer: &Tokenizer,
+    env: &EnvConfig,
+    prompts: &[Task],
+    pass: &Pass,
+    progress: Option<&indicatif::ProgressBar>,
+) -> Result<(Report, Vec<Trajectory>), TokenizerError> {
+    let request = RolloutRequest {
+        prompts: prompts.to_vec(),
+        n: pass.n,
+        sampling: pass.sampling.clone(),
+        policy_version: pass.policy_version,
+        env: Some(env.clone()),
+        weights: None,
+    };
+    let truth: HashMap<&str, &Task> = prompts.iter().map(|t| (t.id.as_str(), t)).collect();
+    let mut stream = pool.rollout(request);
+    let (mut scored, mut trajectories) = (Vec::new(), Vec::new());
+    while let Some(item) = stream.next().await {
+        if let Some(bar) = progress {
+            bar.inc(1);
+        }
+        let Ok(group) = item else { continue };
+        let Some(task) = truth.get(group.prompt_id.as_str()) else { continue };
+        for t in group.trajectories {
+            let response = tokenizer.decode(t.response_ids(), true)?;
+            let (exact_match, f1) = score_answer(&response, &task.ground_truth);
+            scored.push(Scored {
+                data_source: task.data_source.clone(),
+                exact_match,
+                f1,
+                reward: t.reward,
+                tool_calls: f64::from(t.stats.total_tool_calls()),
+                valid_format: answer_of(&response).is_some() && t.stats.valid_actions >= t.stats.turns,
+                response_tokens: f64::from(t.stats.response_tokens),
+            });
+            trajectories.push(t);
+        }
+    }
+    Ok((Report::new(&scored), trajectories))
 }
 
 /// One held-out evaluation.
@@ -131,9 +206,11 @@ mod tests {
             reward: em,
             tool_calls: 1.0,
             valid_format: em > 0.0,
+            response_tokens: 10.0 + em * 20.0,
         };
         let report = Report::new(&[s("nq", 1.0), s("nq", 0.0), s("hotpotqa", 1.0)]);
         assert_eq!(report.all.count, 3);
+        assert_eq!(report.by_source["nq"].response_tokens, 20.0);
         assert!((report.all.exact_match - 2.0 / 3.0).abs() < 1e-12);
         assert_eq!(report.by_source["nq"].exact_match, 0.5);
         assert_eq!(report.by_source["hotpotqa"].valid_format, 1.0);

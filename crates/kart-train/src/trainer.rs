@@ -7,7 +7,7 @@ use super::checkpoint::{self, CheckpointError, Loaded, Parts, TrainerState};
 use super::data::{DataError, Dataset, Sampler};
 use super::data_parallel::DataParallel;
 use super::dump::RolloutDump;
-use super::eval::{self, Evaluation, Report, Scored};
+use super::eval::{self, Evaluation, Report};
 use super::follower::Order;
 use super::metrics::{MetricsLog, TrainerMetrics};
 use super::pool::{InProcessPool, RemotePool, RolloutPool};
@@ -25,7 +25,6 @@ use kart_core::generation::SamplingParams;
 use kart_core::wire::{Group, RolloutRequest, Task};
 use kart_http::token::Token;
 use kart_model::{CausalLm, EmbeddedEngine, ModelError, save_pretrained};
-use kart_retriever::docstore::Manifest;
 use kart_retriever::{InProcess, RetrieverError};
 use kart_rollout::env::{Context, ContextError};
 use kart_rollout::metrics::RolloutMetrics;
@@ -558,35 +557,11 @@ impl Trainer {
 
     /// Rollouts of the held-out prompts, `n` per prompt, scored against their golden answers.
     async fn score_test(&self, n: usize, sampling: SamplingParams) -> Result<Report, TrainError> {
-        let request = RolloutRequest {
-            prompts: self.test.clone(),
-            n,
-            sampling,
-            policy_version: Some(self.version),
-            env: Some(self.config.rollout.env.clone()),
-            weights: None,
-        };
-        let truth: HashMap<&str, &Task> = self.test.iter().map(|t| (t.id.as_str(), t)).collect();
-        let mut stream = self.collector.pool.rollout(request);
-        let mut scored = Vec::new();
-        while let Some(item) = stream.next().await {
-            let Ok(group) = item else { continue };
-            let Some(task) = truth.get(group.prompt_id.as_str()) else { continue };
-            for t in &group.trajectories {
-                let response = self.tokenizer.decode(t.response_ids(), true)?;
-                let (exact_match, f1) = eval::score_answer(&response, &task.ground_truth);
-                scored.push(Scored {
-                    data_source: task.data_source.clone(),
-                    exact_match,
-                    f1,
-                    reward: t.reward,
-                    tool_calls: f64::from(t.stats.total_tool_calls()),
-                    valid_format: eval::answer_of(&response).is_some()
-                        && t.stats.valid_actions >= t.stats.turns,
-                });
-            }
-        }
-        Ok(Report::new(&scored))
+        let pool = self.collector.pool.as_ref();
+        let env = &self.config.rollout.env;
+        let pass = eval::Pass { n, sampling, policy_version: Some(self.version) };
+        let (report, _) = eval::score(pool, &self.tokenizer, env, &self.test, &pass, None).await?;
+        Ok(report)
     }
 
     /// Writes the policy as a Hugging Face folder (tokenizer files from the base model).
@@ -894,10 +869,8 @@ fn connect(
 
 /// The local index in `dir` as a search tool searched in this process.
 fn open_index(dir: &Path) -> Result<Arc<dyn kart_core::tool::Search>, TrainError> {
-    let index_error = |source| TrainError::Index { path: dir.to_path_buf(), source: Box::new(source) };
-    let manifest = Manifest::read(dir).map_err(index_error)?;
-    let index = kart_retriever::open_local(dir, manifest.method).map_err(index_error)?;
-    Ok(Arc::new(InProcess(index)))
+    InProcess::open(dir)
+        .map_err(|source| TrainError::Index { path: dir.to_path_buf(), source: Box::new(source) })
 }
 
 /// The run's logs: `metrics.jsonl`, and `rollouts.jsonl` with `dump_rollouts`, restarted after

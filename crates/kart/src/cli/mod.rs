@@ -6,6 +6,7 @@ mod conformance;
 mod convert;
 mod data;
 mod doctor;
+mod eval;
 mod launch;
 mod local;
 mod logging;
@@ -37,6 +38,7 @@ enum Command {
     #[command(subcommand)]
     Data(data::Command),
     Doctor(doctor::DoctorArgs),
+    Eval(eval::EvalArgs),
     Local(local::LocalArgs),
     Plan(plan::Args),
     Plot(plot::Args),
@@ -58,6 +60,7 @@ pub fn run() -> ExitCode {
         Command::Convert(command) => convert::run(command),
         Command::Data(command) => data::run(command),
         Command::Doctor(args) => doctor::run(args),
+        Command::Eval(args) => eval::run(args),
         Command::Local(args) => local::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Plot(args) => plot::run(args),
