@@ -201,10 +201,13 @@ fn columns(report: &Report) -> Vec<(String, &Summary)> {
     columns
 }
 
+/// How a table row shows a summary.
+type Figure = fn(&Summary) -> String;
+
 /// The figures as a table: a row per figure, a column per data source.
 fn table(report: &Report) -> String {
     let columns = columns(report);
-    let rows: [(&str, fn(&Summary) -> String); 7] = [
+    let rows: [(&str, Figure); 7] = [
         ("questions", |s| s.count.to_string()),
         ("EM", |s| format!("{:.3}", s.exact_match)),
         ("F1", |s| format!("{:.3}", s.f1)),
