@@ -146,6 +146,29 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     {
         assert_eq!(figures["all"][ours], after[theirs], "{ours}: {figures} vs {after}");
     }
+    // `kart infer` prints one question's trajectory span by span, once or for each line read.
+    let infer = |extra: &[&str], stdin: &str| {
+        let mut child = Command::new(binary("kart"))
+            .args(["infer", "--model"])
+            .arg(dir.join("model"))
+            .arg("--config")
+            .arg(dir.join("train-config.json"))
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), stdin.as_bytes()).unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success());
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let once = infer(&["Who founded Muntex Foods?"], "");
+    assert!(once.starts_with("── prompt ──\n") && once.contains("Who founded Muntex Foods?"), "{once}");
+    assert!(once.contains("── model ──\n") && once.matches("── answer: ").count() == 1, "{once}");
+    let looped = infer(&["--interactive"], "Where is Dimfan?\n\nWho runs Muntex Press?\n");
+    assert_eq!(looped.matches("── answer: ").count(), 2, "one answer per question line: {looped}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -2,17 +2,12 @@
 //! training, greedy or sampled, with a table per data source in the layout of the Search-R1
 //! paper's table, JSON for scripts, and the trajectories on request.
 
+use super::setup::{Opened, Setup};
 use anyhow::Context as _;
-use clap::{Args, ValueEnum};
-use kart_core::config::env::EnvConfig;
-use kart_core::config::rollout::{ContextConfig, EngineConfig};
-use kart_core::config::train::{DataFormat, TrainConfig};
+use clap::Args;
+use kart_core::config::train::DataFormat;
 use kart_core::generation::SamplingParams;
 use kart_core::wire::Task;
-use kart_model::{CausalLm, EmbeddedEngine};
-use kart_retriever::InProcess;
-use kart_rollout::env::Context;
-use kart_tokenizer::Tokenizer;
 use kart_train::data::Dataset;
 use kart_train::eval::{self, Pass, Report, Summary};
 use kart_train::pool::InProcessPool;
@@ -20,7 +15,6 @@ use serde_json::{Value, json};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 /// The Search-R1 paper's benchmark columns, in its order.
 const PAPER_COLUMNS: [(&str, &str); 7] = [
@@ -36,46 +30,17 @@ const PAPER_COLUMNS: [(&str, &str); 7] = [
 /// Evaluate a model on benchmark files through kart's environments.
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// The model folder (tokenizer, chat template, and the weights for the embedded engine).
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    setup: Setup,
     /// Benchmark files (Search-R1 parquet, ASearcher or TIR JSON lines).
     #[arg(long, required = true, num_args = 1..)]
     data: Vec<PathBuf>,
-    /// A training config whose environment, tools (`rollout.index`, `retriever_url`, …), engine
-    /// batch and seed the evaluation takes, as its held-out evaluation does; flags override it.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// The environment (a `rollout.env` as JSON, e.g. `{"kind": "search-r1", "max_turns": 4}`).
-    #[arg(long)]
-    env: Option<String>,
-    /// The retriever's URL.
-    #[arg(long)]
-    retriever: Option<String>,
-    /// A local index folder searched in this process instead of a retriever.
-    #[arg(long)]
-    index: Option<PathBuf>,
-    /// The inference engine.
-    #[arg(long, value_enum, default_value_t = EngineKind::Embedded)]
-    engine: EngineKind,
-    /// SGLang or vLLM server URLs.
-    #[arg(long)]
-    engine_url: Vec<String>,
-    /// The served model's name (vLLM).
-    #[arg(long)]
-    served_model: Option<String>,
-    /// Sequences the embedded engine decodes together.
-    #[arg(long)]
-    max_batch: Option<usize>,
     /// Trajectories per question.
     #[arg(long, default_value_t = 1)]
     n: usize,
     /// Sampling temperature (0: greedy).
     #[arg(long, default_value_t = 0.0)]
     temperature: f64,
-    /// The sampling seed.
-    #[arg(long)]
-    seed: Option<u64>,
     /// At most this many questions per file (0: all).
     #[arg(long, default_value_t = 0)]
     max_prompts: usize,
@@ -87,36 +52,7 @@ pub struct EvalArgs {
     trajectories: Option<PathBuf>,
 }
 
-/// `--engine`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum EngineKind {
-    Embedded,
-    Sglang,
-    Vllm,
-}
-
 pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
-    let config: Option<TrainConfig> = match &args.config {
-        Some(path) => {
-            let text =
-                std::fs::read_to_string(path).with_context(|| format!("--config {}", path.display()))?;
-            Some(serde_json::from_str(&text).with_context(|| format!("--config {}", path.display()))?)
-        }
-        None => None,
-    };
-    let env: EnvConfig = match (&args.env, &config) {
-        (Some(json), _) => serde_json::from_str(json).context("--env")?,
-        (None, Some(c)) => c.rollout.env.clone(),
-        (None, None) => EnvConfig::default(),
-    };
-    env.validate().context("--env")?;
-    let mut context: ContextConfig = config.as_ref().map(|c| c.rollout.context.clone()).unwrap_or_default();
-    if let Some(url) = &args.retriever {
-        context.retriever_url = Some(url.clone());
-    }
-    let index = args.index.clone().or_else(|| config.as_ref().and_then(|c| c.rollout.index.clone()));
-    let seed = args.seed.or(config.as_ref().map(|c| c.seed)).unwrap_or(0);
-    let max_batch = args.max_batch.or(config.as_ref().map(|c| c.rollout.max_batch)).unwrap_or(64);
     anyhow::ensure!(args.n >= 1, "--n: 0; at least one trajectory per question");
     anyhow::ensure!(
         args.temperature >= 0.0 && (args.temperature > 0.0 || args.n == 1),
@@ -124,7 +60,6 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         args.temperature,
         args.n
     );
-
     let mut prompts: Vec<Task> = Vec::new();
     for file in &args.data {
         let dataset = Dataset::load(file, DataFormat::Auto, false, args.max_prompts)?;
@@ -132,35 +67,9 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         // Ids stay unique across files.
         prompts.extend(dataset.prompts.into_iter().map(|t| Task { id: format!("{tag}:{}", t.id), ..t }));
     }
-    let tokenizer =
-        Tokenizer::load(&args.model).with_context(|| format!("--model {}", args.model.display()))?;
     let runtime = tokio::runtime::Runtime::new()?;
     let (report, trajectories) = runtime.block_on(async {
-        let engine: Arc<dyn kart_core::engine::Engine> = match args.engine {
-            EngineKind::Embedded => {
-                let model = CausalLm::load(&args.model, kart_torch::auto("eval engine"))
-                    .with_context(|| format!("--model {}", args.model.display()))?;
-                Arc::new(EmbeddedEngine::spawn(model, tokenizer.clone(), max_batch, 0, seed))
-            }
-            remote => {
-                anyhow::ensure!(!args.engine_url.is_empty(), "--engine-url: needed with --engine {remote:?}");
-                let urls = args.engine_url.clone();
-                let config = match remote {
-                    EngineKind::Sglang => EngineConfig::Sglang { urls, timeout_secs: 600.0 },
-                    _ => EngineConfig::Vllm {
-                        urls,
-                        model: args
-                            .served_model
-                            .clone()
-                            .context("--served-model: needed with --engine vllm")?,
-                        timeout_secs: 600.0,
-                    },
-                };
-                kart_rollout::engines::remote(&config).map_err(|e| anyhow::anyhow!("--engine-url: {e}"))?
-            }
-        };
-        let local = index.as_deref().map(InProcess::open).transpose()?;
-        let ctx = Context::build(&context, &env, engine, &args.model, local).await?;
+        let Opened { ctx, env, tokenizer, seed } = args.setup.open().await?;
         let pool = InProcessPool::new(ctx, None);
         let sampling =
             SamplingParams { temperature: args.temperature, top_p: 1.0, top_k: -1, seed: Some(seed) };
@@ -241,7 +150,7 @@ fn figures(report: &Report, args: &EvalArgs) -> Value {
     let sources: serde_json::Map<String, Value> =
         report.by_source.iter().map(|(source, s)| (source.clone(), summary(s))).collect();
     json!({
-        "model": args.model,
+        "model": args.setup.model,
         "data": args.data,
         "n": args.n,
         "temperature": args.temperature,

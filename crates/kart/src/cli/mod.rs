@@ -7,6 +7,7 @@ mod convert;
 mod data;
 mod doctor;
 mod eval;
+mod infer;
 mod launch;
 mod local;
 mod logging;
@@ -14,6 +15,7 @@ mod plan;
 mod plot;
 mod retriever;
 mod rollout;
+mod setup;
 mod status_file;
 mod train;
 
@@ -39,6 +41,7 @@ enum Command {
     Data(data::Command),
     Doctor(doctor::DoctorArgs),
     Eval(eval::EvalArgs),
+    Infer(infer::InferArgs),
     Local(local::LocalArgs),
     Plan(plan::Args),
     Plot(plot::Args),
@@ -61,6 +64,7 @@ pub fn run() -> ExitCode {
         Command::Data(command) => data::run(command),
         Command::Doctor(args) => doctor::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::Infer(args) => infer::run(args),
         Command::Local(args) => local::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Plot(args) => plot::run(args),
