@@ -2,6 +2,10 @@
 //! data.train_files=… algorithm.adv_estimator=grpo …`) as a kart `TrainConfig` for the Search-R1
 //! environment.
 //!
+//! Search-R1's fork of verl is followed where verl changed since: without
+//! `actor.use_kl_loss=true` the KL to the reference is charged in the reward at
+//! `algorithm.kl_ctrl.kl_coef`, and `rollout.n_agent` is the group size.
+//!
 //! Each `key=value` (Hydra's `+` and `++` prefixes allowed) is either mapped onto kart's key,
 //! noted as having no effect in kart (placement and logging settings kart decides itself, with
 //! the reason), or refused: a key kart does not know, or a value it cannot honour. Refusals are
@@ -177,13 +181,12 @@ pub fn verl(args: &[String]) -> Converted {
         }
     }
     // Keys read together.
-    if let Some(use_kl_loss) = get("actor_rollout_ref.actor.use_kl_loss") {
-        let kind = get("actor_rollout_ref.actor.kl_loss_type").unwrap_or(json!("low_var_kl"));
-        sets.push(("algorithm.kl_loss".into(), if use_kl_loss == json!(true) { kind } else { Value::Null }));
-        // Search-R1's verl puts the KL in the reward when it is not a loss.
-        if use_kl_loss == json!(false) && get("algorithm.use_kl_in_reward").is_none() {
-            sets.push(("algorithm.kl_in_reward".into(), json!(true)));
-        }
+    let kl_loss = get("actor_rollout_ref.actor.use_kl_loss") == Some(json!(true));
+    let kind = get("actor_rollout_ref.actor.kl_loss_type").unwrap_or(json!("low_var_kl"));
+    sets.push(("algorithm.kl_loss".into(), if kl_loss { kind } else { Value::Null }));
+    // Search-R1's verl puts the KL in the reward (at `kl_ctrl.kl_coef`) when it is not a loss.
+    if !kl_loss && get("algorithm.use_kl_in_reward").is_none() && get("algorithm.kl_ctrl.kl_coef").is_some() {
+        sets.push(("algorithm.kl_in_reward".into(), json!(true)));
     }
     if let Some(ratio) = get("actor_rollout_ref.actor.clip_ratio") {
         for side in ["low", "high"] {
@@ -327,6 +330,26 @@ mod tests {
     }
 
     #[test]
+    fn search_r1_ppo_charges_the_kl_in_the_reward() {
+        let c = verl(&args(
+            "data.train_files=t.parquet algorithm.adv_estimator=gae actor_rollout_ref.model.path=m \
+             critic.optim.lr=1e-5 critic.optim.lr_warmup_steps_ratio=0.015 algorithm.kl_ctrl.kl_coef=0.001 \
+             trainer.total_training_steps=1005 trainer.critic_warmup=0 retriever.url=http://r:8000/retrieve",
+        ));
+        assert!(c.refused.is_empty(), "{:?}", c.refused);
+        let config = serde_json::to_value(c.config.unwrap()).unwrap();
+        let algorithm = &config["algorithm"];
+        assert_eq!(
+            (&algorithm["advantage"], &algorithm["kl_loss"], &algorithm["kl_in_reward"]),
+            (&json!("gae"), &Value::Null, &json!(true))
+        );
+        assert_eq!(
+            (&config["critic"]["optim"]["lr"], &config["critic"]["optim"]["warmup_ratio"]),
+            (&json!(1e-5), &json!(0.015))
+        );
+    }
+
+    #[test]
     fn what_kart_cannot_honour_is_listed() {
         let c = verl(&args(
             "data.train_files=[a.parquet,b.parquet] algorithm.adv_estimator=reinforce_plus_plus \
@@ -345,5 +368,96 @@ mod tests {
                 "trainer.total_epochs",
             ]
         );
+    }
+
+    /// Search-R1's `train_grpo.sh` and `train_ppo.sh` command lines.
+    const TRAIN_GRPO: &str = concat!(
+        r#"python3 -m verl.trainer.main_ppo data.train_files=data/nq_search/train.parquet "#,
+        r#"data.val_files=data/nq_search/test.parquet data.train_data_num=null data.val_data_num=null "#,
+        r#"data.train_batch_size=512 data.val_batch_size=256 data.max_prompt_length=4096 "#,
+        r#"data.max_response_length=500 data.max_start_length=2048 data.max_obs_length=500 "#,
+        r#"data.shuffle_train_dataloader=True algorithm.adv_estimator=grpo "#,
+        r#"actor_rollout_ref.model.path=Qwen/Qwen2.5-3B "#,
+        r#"actor_rollout_ref.model.enable_gradient_checkpointing=true "#,
+        r#"actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.optim.lr=1e-6 "#,
+        r#"actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.285 "#,
+        r#"actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.ppo_mini_batch_size=256 "#,
+        r#"actor_rollout_ref.actor.ppo_micro_batch_size=64 "#,
+        r#"actor_rollout_ref.actor.fsdp_config.param_offload=true "#,
+        r#"actor_rollout_ref.actor.fsdp_config.grad_offload=true "#,
+        r#"actor_rollout_ref.actor.fsdp_config.optimizer_offload=true "#,
+        r#"actor_rollout_ref.rollout.log_prob_micro_batch_size=128 "#,
+        r#"actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.name=vllm "#,
+        r#"actor_rollout_ref.rollout.gpu_memory_utilization=0.6 "#,
+        r#"actor_rollout_ref.ref.log_prob_micro_batch_size=128 "#,
+        r#"actor_rollout_ref.ref.fsdp_config.param_offload=True "#,
+        r#"actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl "#,
+        r#"algorithm.no_think_rl=false actor_rollout_ref.rollout.n_agent=5 "#,
+        r#"actor_rollout_ref.rollout.temperature=1 actor_rollout_ref.actor.state_masking=true "#,
+        r#"trainer.logger=['wandb'] +trainer.val_only=false +trainer.val_before_train=true "#,
+        r#"trainer.default_hdfs_dir=null trainer.n_gpus_per_node=8 trainer.nnodes=1 "#,
+        r#"trainer.save_freq=100 trainer.test_freq=50 trainer.project_name=Search-R1 "#,
+        r#"trainer.experiment_name=nq-search-r1-grpo-qwen2.5-3b-em trainer.total_epochs=15 "#,
+        r#"trainer.total_training_steps=1005 trainer.default_hdfs_dir=null "#,
+        r#"trainer.default_local_dir=verl_checkpoints/nq-search-r1-grpo-qwen2.5-3b-em max_turns=2 "#,
+        r#"retriever.url="http://127.0.0.1:8000/retrieve" retriever.topk=3 "#,
+    );
+    const TRAIN_PPO: &str = concat!(
+        r#"python3 -m verl.trainer.main_ppo data.train_files=data/nq_search/train.parquet "#,
+        r#"data.val_files=data/nq_search/test.parquet data.train_data_num=null data.val_data_num=null "#,
+        r#"data.train_batch_size=512 data.val_batch_size=256 data.max_prompt_length=4096 "#,
+        r#"data.max_response_length=500 data.max_start_length=2048 data.max_obs_length=500 "#,
+        r#"data.shuffle_train_dataloader=True algorithm.adv_estimator=gae "#,
+        r#"actor_rollout_ref.model.path=Qwen/Qwen2.5-3B actor_rollout_ref.actor.optim.lr=1e-6 "#,
+        r#"actor_rollout_ref.model.enable_gradient_checkpointing=true "#,
+        r#"actor_rollout_ref.model.use_remove_padding=True "#,
+        r#"actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.285 "#,
+        r#"actor_rollout_ref.actor.ppo_mini_batch_size=256 "#,
+        r#"actor_rollout_ref.actor.ppo_micro_batch_size=64 "#,
+        r#"actor_rollout_ref.actor.fsdp_config.param_offload=true "#,
+        r#"actor_rollout_ref.actor.fsdp_config.grad_offload=true "#,
+        r#"actor_rollout_ref.actor.fsdp_config.optimizer_offload=true "#,
+        r#"actor_rollout_ref.rollout.log_prob_micro_batch_size=128 "#,
+        r#"actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.name=vllm "#,
+        r#"actor_rollout_ref.rollout.gpu_memory_utilization=0.6 "#,
+        r#"actor_rollout_ref.ref.log_prob_micro_batch_size=128 "#,
+        r#"actor_rollout_ref.ref.fsdp_config.param_offload=True actor_rollout_ref.rollout.n_agent=1 "#,
+        r#"actor_rollout_ref.rollout.temperature=1 actor_rollout_ref.actor.state_masking=true "#,
+        r#"critic.optim.lr=1e-5 critic.model.use_remove_padding=True "#,
+        r#"critic.optim.lr_warmup_steps_ratio=0.015 critic.model.path=Qwen/Qwen2.5-3B "#,
+        r#"critic.model.enable_gradient_checkpointing=true critic.ppo_micro_batch_size=8 "#,
+        r#"critic.model.fsdp_config.param_offload=true critic.model.fsdp_config.grad_offload=true "#,
+        r#"critic.model.fsdp_config.optimizer_offload=true algorithm.kl_ctrl.kl_coef=0.001 "#,
+        r#"algorithm.no_think_rl=false trainer.critic_warmup=0 trainer.logger=['wandb'] "#,
+        r#"+trainer.val_only=false +trainer.val_before_train=true trainer.default_hdfs_dir=null "#,
+        r#"trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=100 trainer.test_freq=50 "#,
+        r#"trainer.project_name=Search-R1 trainer.experiment_name=nq-search-r1-ppo-qwen2.5-3b-em "#,
+        r#"trainer.total_epochs=15 trainer.total_training_steps=1005 trainer.default_hdfs_dir=null "#,
+        r#"trainer.default_local_dir=verl_checkpoints/nq-search-r1-ppo-qwen2.5-3b-em max_turns=2 "#,
+        r#"retriever.url=http://127.0.0.1:8000/retrieve retriever.topk=3 "#,
+    );
+
+    /// `deploy/recipes/search-r1-{grpo,ppo}.json` are what `kart convert verl` makes of
+    /// Search-R1's scripts, with the model, data, output and retriever at their cluster paths.
+    #[test]
+    fn the_search_r1_recipes_are_the_conversions_of_its_scripts() {
+        let recipes = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/recipes");
+        for (name, line) in [("search-r1-grpo", TRAIN_GRPO), ("search-r1-ppo", TRAIN_PPO)] {
+            let c = verl(&args(line));
+            assert!(c.refused.is_empty(), "{name}: {:?}", c.refused);
+            let mut converted = serde_json::to_value(c.config.unwrap()).unwrap();
+            let text = std::fs::read_to_string(recipes.join(format!("{name}.json"))).unwrap();
+            let recipe: TrainConfig = serde_json::from_str(&text).unwrap();
+            recipe.validate().unwrap();
+            let recipe = serde_json::to_value(recipe).unwrap();
+            for key in ["model", "output_dir"] {
+                converted[key] = recipe[key].clone();
+            }
+            for key in ["train", "test"] {
+                converted["data"][key] = recipe["data"][key].clone();
+            }
+            converted["rollout"]["retriever_url"] = recipe["rollout"]["retriever_url"].clone();
+            assert_eq!(converted, recipe, "{name}");
+        }
     }
 }
