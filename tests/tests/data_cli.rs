@@ -84,6 +84,53 @@ fn flashrag_questions_become_the_parquet_nq_search_writes() {
         );
     }
 
+    // Merged with a second NQ file and a HotpotQA file: every column kept, keys unique.
+    let more = dir.join("more.jsonl");
+    std::fs::write(&more, "{\"id\": \"m0\", \"question\": \"Who?\", \"golden_answers\": [\"x\"]}\n").unwrap();
+    let convert = |input: &std::path::Path, source: &str, out: &std::path::Path| {
+        let done = Command::new(binary("kart"))
+            .args(["data", "search-r1", "--split", "train", "--source", source, "--input"])
+            .arg(input)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap();
+        assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    };
+    convert(&more, "nq", &dir.join("nq2.parquet"));
+    convert(&more, "hotpotqa", &dir.join("hotpotqa.parquet"));
+    let merged = dir.join("merged.parquet");
+    let done = Command::new(binary("kart"))
+        .args(["data", "merge", "--out"])
+        .arg(&merged)
+        .arg(&out)
+        .arg(dir.join("nq2.parquet"))
+        .arg(dir.join("hotpotqa.parquet"))
+        .output()
+        .unwrap();
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let read = Dataset::load(&merged, DataFormat::Auto, false, 0).unwrap();
+    let ids: Vec<&str> = read.prompts.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(ids.len(), 22);
+    assert_eq!(
+        (ids[19], ids[20], ids[21]),
+        ("nq/19", "nq/20", "hotpotqa/0"),
+        "the second NQ file goes on from 20"
+    );
+    assert_eq!(read.prompts[20].ground_truth, ["x"]);
+    let refused = Command::new(binary("kart"))
+        .args(["data", "merge", "--out"])
+        .arg(dir.join("x.parquet"))
+        .arg(&out)
+        .arg(&input)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("train.jsonl.gz"),
+        "a JSON-lines input is refused naming it: {stderr}"
+    );
+
     // A bad row names its line and field, and writes nothing.
     let bad = dir.join("bad.jsonl");
     std::fs::write(&bad, "{\"id\": \"q0\", \"question\": \"Who?\", \"golden_answers\": [\"x\"]}\n{\"id\": \"q1\", \"question\": \"Why?\"}\n").unwrap();

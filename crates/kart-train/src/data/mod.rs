@@ -20,11 +20,13 @@
 
 mod flashrag;
 mod jsonl;
+mod merge;
 mod parquet;
 mod rows;
 mod sampler;
 
 pub use flashrag::{Split, flashrag_to_search_r1};
+pub use merge::merge_search_r1;
 pub use parquet::write_search_r1;
 pub use sampler::{Sampler, permutation};
 

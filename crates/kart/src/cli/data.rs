@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use kart_train::data::{Split, flashrag_to_search_r1};
+use kart_train::data::{Split, flashrag_to_search_r1, merge_search_r1};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -12,6 +12,19 @@ pub enum Command {
     /// `scripts/data_process/nq_search.py` writes (same columns, `make_prefix` prompt,
     /// `reward_model` and `extra_info`), readable by verl/Search-R1 and by `kart train`.
     SearchR1(SearchR1Args),
+    /// Search-R1 parquet files of one schema merged into one training file, every column kept and
+    /// `extra_info.index` renumbered within each `data_source` (group keys stay unique).
+    Merge(MergeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The merged file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// The files to merge, in order.
+    #[arg(required = true, num_args = 2..)]
+    inputs: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -38,6 +51,11 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
             let rows = flashrag_to_search_r1(&args.input, &args.source, split, &args.out)
                 .with_context(|| format!("kart data search-r1 --input {}", args.input.display()))?;
             eprintln!("{rows} rows of {} ({}) written to {}", args.source, split.name(), args.out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Merge(args) => {
+            let rows = merge_search_r1(&args.inputs, &args.out).context("kart data merge")?;
+            eprintln!("{rows} rows of {} files written to {}", args.inputs.len(), args.out.display());
             Ok(ExitCode::SUCCESS)
         }
     }
