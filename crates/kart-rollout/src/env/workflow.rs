@@ -91,8 +91,8 @@ impl WorkflowEnv {
                 t.stats.role = Some(role.name.clone());
                 if let Some(select) = &role.select {
                     let text = last_turn(ctx, t)?;
-                    let picked =
-                        env.select.as_ref().and_then(|re| pick(re, &text, &outputs[select.from.as_str()]));
+                    let candidates = outputs.get(select.from.as_str()).map_or(&[][..], Vec::as_slice);
+                    let picked = env.select.as_ref().and_then(|re| pick(re, &text, candidates));
                     t.reward = picked.map_or(0.0, |o| o.reward);
                 }
             }
