@@ -251,7 +251,7 @@ fn one_file(value: &Value) -> Result<Value, String> {
     match value {
         Value::String(_) => Ok(value.clone()),
         Value::Array(files) if files.len() == 1 => Ok(files[0].clone()),
-        _ => Err("kart trains on one file: merge them into one parquet".into()),
+        _ => Err("kart trains on one file: merge them with `kart data merge`".into()),
     }
 }
 
