@@ -146,9 +146,8 @@ impl Tokenizer {
             .build();
         // Qwen2's own pipeline (transformers' `Qwen2Tokenizer` rebuilds it for any `qwen2`
         // folder): NFC, its split regex (each digit alone), then bytes without a regex of their own.
-        let split =
-            Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(|e| error(format!("the split pattern: {e}")))?;
+        let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| error(format!("the split pattern: {e}")))?;
         let pre_tokenizer = Sequence::new(vec![
             PreTokenizerWrapper::Split(split),
             PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
