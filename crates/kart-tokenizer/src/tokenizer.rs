@@ -37,16 +37,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokenizers::models::bpe::{BPE, BpeTrainer};
 use tokenizers::models::{ModelWrapper, TrainerWrapper};
-use tokenizers::normalizers::NormalizerWrapper;
-use tokenizers::normalizers::unicode::NFC;
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, PostProcessorWrapper, SplitDelimiterBehavior};
-
-/// Qwen2's pre-tokenizer pattern (transformers' `Qwen2Tokenizer`, and every Qwen2 `tokenizer.json`).
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+use tokenizers::{AddedToken, PostProcessorWrapper};
 
 use crate::chat_template::ConfigTemplate;
 use crate::error::TokenizerError;
@@ -113,10 +105,8 @@ impl Tokenizer {
     }
 
     /// Trains a byte-level BPE tokenizer of at most `vocab_size` tokens on `texts`, laid out like
-    /// the Qwen2 tokenizers: the `special_tokens` first (ids 0, 1, ...), then the 256 bytes, then
-    /// the merges learnt, with Qwen2's normalizer and pre-tokenizer, so that transformers'
-    /// `AutoTokenizer` gives the same ids for the saved folder of a Qwen2 model. `eos` and `pad`
-    /// name two of the special tokens.
+    /// the GPT-2 and Qwen tokenizers: the `special_tokens` first (ids 0, 1, ...), then the 256
+    /// bytes, then the merges learnt. `eos` and `pad` name two of the special tokens.
     pub fn train_byte_level_bpe<'a>(
         texts: impl Iterator<Item = &'a str> + Send,
         vocab_size: usize,
@@ -144,19 +134,9 @@ impl Tokenizer {
             .initial_alphabet(alphabet.into_iter().collect())
             .show_progress(false)
             .build();
-        // Qwen2's own pipeline (transformers' `Qwen2Tokenizer` rebuilds it for any `qwen2`
-        // folder): NFC, its split regex (each digit alone), then bytes without a regex of their own.
-        let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| error(format!("the split pattern: {e}")))?;
-        let pre_tokenizer = Sequence::new(vec![
-            PreTokenizerWrapper::Split(split),
-            PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
-        ]);
         let mut backend = tokenizers::Tokenizer::new(ModelWrapper::BPE(BPE::default()));
         backend
-            .with_normalizer(Some(NormalizerWrapper::NFC(NFC)))
-            .map_err(|e| error(format!("the normalizer: {e}")))?
-            .with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(pre_tokenizer)))
+            .with_pre_tokenizer(Some(ByteLevel::new(false, true, true)))
             .with_post_processor(Some(PostProcessorWrapper::ByteLevel(ByteLevel::new(false, false, false))))
             .with_decoder(Some(ByteLevel::default()));
         backend
