@@ -144,7 +144,10 @@ impl WorkflowConfig {
             if role.count == 0 {
                 return Err(ConfigError::new(field("count"), 0, "must be at least 1"));
             }
-            if let Some(unknown) = placeholders(&role.input).find(|p| !known(p, earlier)) {
+            let known = |name: &str| {
+                if known(name, earlier) { Ok(Some(String::new())) } else { Err(name.to_owned()) }
+            };
+            if let Err(unknown) = fill(&role.input, known) {
                 return Err(ConfigError::new(
                     field("input"),
                     format!("{{{unknown}}}"),
@@ -181,9 +184,35 @@ impl WorkflowConfig {
     }
 }
 
-/// The `{…}` placeholders of an input template.
-pub fn placeholders(template: &str) -> impl Iterator<Item = &str> {
-    template.split('{').skip(1).filter_map(|rest| rest.split_once('}').map(|(name, _)| name))
+/// Fills the `{name}` placeholders of an input template in one pass (filled text is never read
+/// again): `value(name)` gives `Ok(Some(text))` for a placeholder, `Ok(None)` for braces that
+/// are not one (left as written), or an error that ends the filling.
+pub fn fill<E>(
+    template: &str,
+    mut value: impl FnMut(&str) -> Result<Option<String>, E>,
+) -> Result<String, E> {
+    let mut text = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        text.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let filled = match after.find('}') {
+            Some(close) => value(&after[..close])?.map(|t| (close, t)),
+            None => None,
+        };
+        match filled {
+            Some((close, filled)) => {
+                text.push_str(&filled);
+                rest = &after[close + 1..];
+            }
+            None => {
+                text.push('{');
+                rest = after;
+            }
+        }
+    }
+    text.push_str(rest);
+    Ok(text)
 }
 
 /// Whether `placeholder` is `question` or names an earlier role (`{name}`, `{name_count}`).
@@ -256,6 +285,22 @@ mod tests {
         assert_eq!(w.reward_sharing, RewardSharing::Own);
         let scale: RewardSharing = serde_json::from_str(r#"{"kind": "scale"}"#).unwrap();
         assert_eq!(scale, RewardSharing::Scale { success: 1.2, failure: 0.8, threshold: 1.0 });
+    }
+
+    #[test]
+    fn templates_fill_in_one_pass_and_leave_other_braces() {
+        let value = |name: &str| -> Result<Option<String>, ()> {
+            Ok(match name {
+                "question" => Some("{solver}?".into()),
+                "solver" => Some("S".into()),
+                _ => None,
+            })
+        };
+        assert_eq!(
+            fill("Q: {question} {solver} {\"a\": 1} {x", value),
+            Ok("Q: {solver}? S {\"a\": 1} {x".into())
+        );
+        assert_eq!(fill("{solver}", |_| Err::<Option<String>, _>("stop")), Err("stop"));
     }
 
     #[test]

@@ -14,7 +14,7 @@
 use super::{Context, Environment, RolloutError, build};
 use futures::future::BoxFuture;
 use kart_core::agent::trajectory::{Status, Trajectory};
-use kart_core::config::workflow::{Role, WorkflowConfig};
+use kart_core::config::workflow::{Role, WorkflowConfig, fill};
 use kart_core::generation::SamplingParams;
 use kart_core::wire::Task;
 use regex::Regex;
@@ -149,18 +149,21 @@ impl Environment for WorkflowEnv {
 /// (in one pass, so filled text is never read again); `None` when it names a role without
 /// outputs.
 fn input(role: &Role, question: &str, outputs: &HashMap<&str, Vec<Output>>) -> Option<String> {
-    let value = |name: &str| -> Option<Option<String>> {
+    let value = |name: &str| -> Result<Option<String>, ()> {
         if name == "question" {
-            return Some(Some(question.to_owned()));
+            return Ok(Some(question.to_owned()));
         }
         let (role, count) = match outputs.get(name) {
             Some(o) => (o, false),
-            None => (outputs.get(name.strip_suffix("_count")?)?, true),
+            None => match name.strip_suffix("_count").and_then(|n| outputs.get(n)) {
+                Some(o) => (o, true),
+                None => return Ok(None),
+            },
         };
         if role.is_empty() {
-            return Some(None);
+            return Err(());
         }
-        Some(Some(if count {
+        Ok(Some(if count {
             role.len().to_string()
         } else {
             let sections: Vec<String> = role
@@ -171,24 +174,7 @@ fn input(role: &Role, question: &str, outputs: &HashMap<&str, Vec<Output>>) -> O
             sections.join("\n")
         }))
     };
-    let mut text = String::with_capacity(role.input.len());
-    let mut rest = role.input.as_str();
-    while let Some(open) = rest.find('{') {
-        text.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        match after.find('}').and_then(|close| Some((close, value(&after[..close])?))) {
-            Some((close, filled)) => {
-                text.push_str(&filled?);
-                rest = &after[close + 1..];
-            }
-            None => {
-                text.push('{');
-                rest = after;
-            }
-        }
-    }
-    text.push_str(rest);
-    Some(text)
+    fill(&role.input, value).ok()
 }
 
 /// The text of `t`'s last model turn, after any `</think>`.
