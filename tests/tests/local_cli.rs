@@ -140,12 +140,41 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     let figures: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("eval.json")).unwrap()).unwrap();
     let after = &summary["after_rl"];
-    assert_eq!(figures["all"]["questions"], 8);
+    assert_eq!(figures["all"]["trajectories"], 8);
     for (ours, theirs) in
         [("exact_match", "exact_match"), ("reward", "mean_reward"), ("searches", "searches_per_trajectory")]
     {
         assert_eq!(figures["all"][ours], after[theirs], "{ours}: {figures} vs {after}");
     }
+    // Sampled: two trajectories a question, each written out.
+    let sampled = Command::new(binary("kart"))
+        .args(["eval", "--max-prompts", "3", "--n", "2", "--temperature", "1.0", "--model"])
+        .arg(dir.join("model"))
+        .arg("--data")
+        .arg(dir.join("world/test.parquet"))
+        .arg("--config")
+        .arg(dir.join("train-config.json"))
+        .arg("--trajectories")
+        .arg(dir.join("sampled.jsonl"))
+        .output()
+        .unwrap();
+    assert!(sampled.status.success(), "{}", String::from_utf8_lossy(&sampled.stderr));
+    let lines: Vec<Value> = std::fs::read_to_string(dir.join("sampled.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 6, "3 questions x 2");
+    assert!(lines.iter().all(|t| t["token_ids"].as_array().is_some_and(|ids| !ids.is_empty())));
+    let greedy_twice = Command::new(binary("kart"))
+        .args(["eval", "--n", "2", "--model"])
+        .arg(dir.join("model"))
+        .arg("--data")
+        .arg(dir.join("world/test.parquet"))
+        .output()
+        .unwrap();
+    let refusal = String::from_utf8_lossy(&greedy_twice.stderr);
+    assert!(!greedy_twice.status.success() && refusal.contains("--temperature 0"), "{refusal}");
     // `kart infer` prints one question's trajectory span by span, once or for each line read.
     let infer = |extra: &[&str], stdin: &str| {
         let mut child = Command::new(binary("kart"))

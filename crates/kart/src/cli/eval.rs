@@ -117,7 +117,7 @@ type Figure = fn(&Summary) -> String;
 fn table(report: &Report) -> String {
     let columns = columns(report);
     let rows: [(&str, Figure); 7] = [
-        ("questions", |s| s.count.to_string()),
+        ("trajectories", |s| s.count.to_string()),
         ("EM", |s| format!("{:.3}", s.exact_match)),
         ("F1", |s| format!("{:.3}", s.f1)),
         ("reward", |s| format!("{:.3}", s.reward)),
@@ -144,7 +144,7 @@ fn table(report: &Report) -> String {
 /// The figures as JSON: per data source and over all.
 fn figures(report: &Report, args: &EvalArgs) -> Value {
     let summary = |s: &Summary| {
-        json!({"questions": s.count, "exact_match": s.exact_match, "f1": s.f1, "reward": s.reward,
+        json!({"trajectories": s.count, "exact_match": s.exact_match, "f1": s.f1, "reward": s.reward,
                "searches": s.tool_calls, "valid_format": s.valid_format, "response_tokens": s.response_tokens})
     };
     let sources: serde_json::Map<String, Value> =
