@@ -196,6 +196,26 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     let once = infer(&["Who founded Muntex Foods?"], "");
     assert!(once.starts_with("── prompt ──\n") && once.contains("Who founded Muntex Foods?"), "{once}");
     assert!(once.contains("── model ──\n") && once.matches("── answer: ").count() == 1, "{once}");
+    // Flags instead of the config: the environment and the local index.
+    let flagged = Command::new(binary("kart"))
+        .args([
+            "infer",
+            "--env",
+            r#"{"kind": "search-r1", "max_turns": 1, "max_response_length": 24}"#,
+            "--model",
+        ])
+        .arg(dir.join("model"))
+        .arg("--index")
+        .arg(dir.join("world/index"))
+        .arg("Who founded Muntex Foods?")
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&flagged.stdout);
+    assert!(flagged.status.success(), "{}", String::from_utf8_lossy(&flagged.stderr));
+    assert!(
+        shown.contains("Answer the given question.") && shown.contains("Question: Who founded Muntex Foods?"),
+        "{shown}"
+    );
     let looped = infer(&["--interactive"], "Where is Dimfan?\n\nWho runs Muntex Press?\n");
     assert_eq!(looped.matches("── answer: ").count(), 2, "one answer per question line: {looped}");
     std::fs::remove_dir_all(&dir).unwrap();
