@@ -310,7 +310,10 @@ fn start_kart(dir: &Path) -> Kart {
             .status()
             .is_success()
     );
-    assert_eq!(post(format!("{retriever_url}/retrieve"), json!({"queries": ["x"], "topk": -1})).status(), 422);
+    assert_eq!(
+        post(format!("{retriever_url}/retrieve"), json!({"queries": ["x"], "topk": -1})).status(),
+        422
+    );
     let page = post(format!("{retriever_url}/access"), json!({"urls": [format!("{sglang_url}/health")]}));
     assert!(page.status().is_success());
     let prompts: Vec<Value> = (0..2)

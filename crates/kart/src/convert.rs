@@ -437,6 +437,32 @@ mod tests {
         r#"retriever.url=http://127.0.0.1:8000/retrieve retriever.topk=3 "#,
     );
 
+    /// Every recipe of `deploy/recipes/` loads strictly (an unknown key fails) and validates, and
+    /// the README maps its upstream keys.
+    #[test]
+    fn every_recipe_is_a_train_config_that_validates() {
+        let recipes = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/recipes");
+        let readme = std::fs::read_to_string(recipes.join("README.md")).unwrap();
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&recipes).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "json") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let recipe: TrainConfig =
+                    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+                recipe.validate().unwrap_or_else(|e| panic!("{path:?}: {e}"));
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                assert!(readme.contains(&format!("| `{name}` |")), "{name} is not in the README's table");
+                names.push(name);
+            }
+        }
+        names.sort();
+        assert_eq!(
+            names,
+            ["asearcher-7b.json", "search-r1-grpo.json", "search-r1-ppo.json", "tir-math.json"]
+        );
+    }
+
     /// `deploy/recipes/search-r1-{grpo,ppo}.json` are what `kart convert verl` makes of
     /// Search-R1's scripts, with the model, data, output and retriever at their cluster paths.
     #[test]

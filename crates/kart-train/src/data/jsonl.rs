@@ -1,10 +1,11 @@
-//! JSON-lines files, plain or gzip-compressed: one JSON object per line.
+//! JSON-lines files, plain or gzip-compressed: one JSON object per line; read by [`JsonLines`],
+//! written by [`write_json_lines`].
 
 use super::DataError;
 use flate2::read::MultiGzDecoder;
 use serde_json::Value;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// The rows of a JSON-lines file, numbered by line from 0; blank lines are passed over. A line
@@ -47,4 +48,15 @@ impl Iterator for JsonLines {
             }));
         }
     }
+}
+
+/// Writes `rows` to `file` as JSON lines (plain), one object per line.
+pub(super) fn write_json_lines(file: &Path, rows: impl Iterator<Item = Value>) -> Result<(), DataError> {
+    let io = |source| DataError::Io { file: file.to_owned(), source };
+    let mut out = BufWriter::new(File::create(file).map_err(io)?);
+    for row in rows {
+        serde_json::to_writer(&mut out, &row).map_err(|e| io(e.into()))?;
+        out.write_all(b"\n").map_err(io)?;
+    }
+    out.flush().map_err(io)
 }

@@ -1,9 +1,15 @@
-//! Several Search-R1 parquet files merged into one training file, as Search-R1's
-//! `qa_search_train_merge.py` does, every column kept; `extra_info.index` is renumbered within
-//! each `data_source` in the merged order, so that the group keys `{data_source}/{index}` stay
-//! unique even when a source comes from several files.
+//! Several dataset files merged into one training file, every column kept and the group keys
+//! kept unique:
+//! - Search-R1 parquet, as Search-R1's `qa_search_train_merge.py` does: `extra_info.index` is
+//!   renumbered within each `data_source` in the merged order, so that the group keys
+//!   `{data_source}/{index}` stay unique even when a source comes from several files;
+//! - ASearcher or TIR JSON lines, all of one format: the rows in order, and an id (`query_id`,
+//!   `id`, `qid` or ASearcher's `idx`) already taken by an earlier row gets the first free suffix
+//!   `#1`, `#2`, … (rows without an id are keyed by their line, unique in the merged file).
 
-use super::DataError;
+use super::jsonl::write_json_lines;
+use super::rows::{ID_KEYS, RowFormat};
+use super::{Container, DataError, Ids, JsonLines, magic};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, RecordBatchReader, StructArray};
 use arrow_schema::{DataType, SchemaRef};
@@ -11,14 +17,93 @@ use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
+use serde_json::Value;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Merges `inputs` (Search-R1 parquet files of one schema, as `nq_search.py` and
-/// `kart data search-r1` write them) into `out`; returns the number of rows.
-pub fn merge_search_r1(inputs: &[PathBuf], out: &Path) -> Result<usize, DataError> {
+/// Merges `inputs` into `out`: Search-R1 parquet files of one schema (as `nq_search.py` and
+/// `kart data search-r1` write them), or ASearcher or TIR JSON lines of one format; returns the
+/// number of rows. Nothing is written when an input is unreadable or of another kind.
+pub fn merge(inputs: &[PathBuf], out: &Path) -> Result<usize, DataError> {
+    let mut parquet = Vec::with_capacity(inputs.len());
+    for file in inputs {
+        parquet.push(matches!(magic(file)?, Container::Parquet));
+    }
+    match (parquet.iter().all(|p| *p), parquet.iter().any(|p| *p)) {
+        (true, _) => merge_search_r1(inputs, out),
+        (false, false) => merge_json_lines(inputs, out),
+        (false, true) => {
+            let odd = inputs.iter().zip(&parquet).find(|(_, p)| **p != parquet[0]).map(|(f, _)| f);
+            Err(DataError::Column {
+                file: odd.unwrap_or(&inputs[0]).to_owned(),
+                column: "(file)".into(),
+                reason: format!(
+                    "{} while {} is {}; merged files need one container",
+                    if parquet[0] { "JSON lines" } else { "parquet" },
+                    inputs[0].display(),
+                    if parquet[0] { "parquet" } else { "JSON lines" }
+                ),
+            })
+        }
+    }
+}
+
+/// ASearcher or TIR JSON lines merged in order, ids made unique.
+fn merge_json_lines(inputs: &[PathBuf], out: &Path) -> Result<usize, DataError> {
+    // ASearcher's ground-truth lookup also keys rows by `idx`.
+    let keys: Vec<&str> = ID_KEYS.iter().copied().chain(["idx"]).collect();
+    let mut ids: HashMap<&str, Ids> = HashMap::new();
+    let mut first: Option<(RowFormat, &Path)> = None;
+    let mut rows = Vec::new();
+    for file in inputs {
+        let gzip = matches!(magic(file)?, Container::JsonLines { gzip: true });
+        for (index, row) in JsonLines::open(file, gzip)?.enumerate() {
+            let (line, mut value) = row?;
+            let bad = |field: &str, reason: String| DataError::BadRow {
+                file: file.to_owned(),
+                row: line,
+                field: field.into(),
+                reason,
+            };
+            let Value::Object(object) = &mut value else {
+                return Err(bad("(row)", "expected an object".into()));
+            };
+            if index == 0 {
+                let format = RowFormat::detect(|key| object.contains_key(key));
+                match first {
+                    None => first = Some((format, file)),
+                    Some((expected, origin)) if expected != format => {
+                        return Err(bad(
+                            "(row)",
+                            format!("{format:?} rows, while {} has {expected:?} rows", origin.display()),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+            for key in &keys {
+                let Some(id) = object.get_mut(*key).filter(|v| !v.is_null()) else { continue };
+                let text = match &*id {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                let unique = ids.entry(key).or_default().unique(text.clone());
+                if unique != text {
+                    *id = Value::String(unique);
+                }
+            }
+            rows.push(value);
+        }
+    }
+    let count = rows.len();
+    write_json_lines(out, rows.into_iter())?;
+    Ok(count)
+}
+
+/// Search-R1 parquet files of one schema merged, `extra_info.index` renumbered.
+fn merge_search_r1(inputs: &[PathBuf], out: &Path) -> Result<usize, DataError> {
     let mut schema: Option<SchemaRef> = None;
     let mut batches = Vec::new();
     for file in inputs {

@@ -1,7 +1,9 @@
 //! Training and evaluation prompts: Search-R1 parquet, ASearcher and TIR JSON lines (plain or
-//! gzip), read into the rollout API's [`Task`]s, and the seeded
-//! [`Sampler`] that orders them; FlashRAG question files made into Search-R1 parquet
-//! ([`flashrag_to_search_r1`]).
+//! gzip), read into the rollout API's [`Task`]s, and the seeded [`Sampler`] that orders them;
+//! the files upstream's preparation scripts write: FlashRAG question files made into Search-R1
+//! parquet ([`flashrag_to_search_r1`]) or ASearcher JSON lines ([`flashrag_to_asearcher`]), verl
+//! math rows made into TIR JSON lines ([`verl_to_tir`]), and several files of one format merged
+//! ([`merge`]).
 //!
 //! Any of the three row schemas may come in either container: a file starting with `PAR1` is
 //! parquet, anything else JSON lines (gzip when it starts with gzip's magic bytes).
@@ -11,7 +13,8 @@
 //! # Prompt ids
 //! The trajectories of a prompt form one group, so ids must be unique in a dataset. A row's id is
 //! - Search-R1: `{data_source}/{extra_info.index}`, or `{data_source}/{row}` without an index;
-//! - ASearcher and TIR: `id` (string or integer), or `{data_source}/{row}` without one;
+//! - ASearcher and TIR: `query_id`, `id` or `qid` (the first present, a string or an integer, as
+//!   ASearcher's workflow reads it), or `{data_source}/{row}` without one;
 //!
 //! where `row` is the 0-based row (parquet) or line (JSON lines) number. An id already taken by an
 //! earlier row gets the first free suffix `#1`, `#2`, …: upstream's merged NQ+HotpotQA files
@@ -24,11 +27,13 @@ mod merge;
 mod parquet;
 mod rows;
 mod sampler;
+mod tir;
 
-pub use flashrag::{Split, flashrag_to_search_r1};
-pub use merge::merge_search_r1;
+pub use flashrag::{Split, flashrag_to_asearcher, flashrag_to_search_r1};
+pub use merge::merge;
 pub use parquet::write_search_r1;
 pub use sampler::{Sampler, permutation};
+pub use tir::verl_to_tir;
 
 use jsonl::JsonLines;
 use kart_core::config::train::{DataConfig, DataFormat};

@@ -44,21 +44,39 @@ pub(super) struct ParquetRows {
 
 impl ParquetRows {
     pub fn open(file: &Path, format: Option<RowFormat>) -> Result<(RowFormat, ParquetRows), DataError> {
-        let parquet = |source| DataError::Parquet { file: file.to_owned(), source };
-        let f = File::open(file).map_err(|source| DataError::Io { file: file.to_owned(), source })?;
-        let options = ArrowReaderOptions::new().with_skip_arrow_metadata(true);
-        let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(f, options).map_err(parquet)?;
+        let builder = Self::builder(file)?;
         let roots = builder.parquet_schema().root_schema().get_fields();
         let has = |name: &str| roots.iter().any(|f| f.name() == name);
         let format = format.unwrap_or_else(|| RowFormat::detect(has));
         let wanted =
             roots.iter().enumerate().filter(|(_, f)| format.columns().contains(&f.name())).map(|(i, _)| i);
         let mask = ProjectionMask::roots(builder.parquet_schema(), wanted);
-        let reader = builder.with_projection(mask).with_batch_size(BATCH_ROWS).build().map_err(parquet)?;
-        Ok((
-            format,
-            ParquetRows { file: file.to_owned(), reader, pending: Vec::new().into_iter(), next_row: 0 },
-        ))
+        Ok((format, Self::build(file, builder, mask)?))
+    }
+
+    /// The rows of a parquet file with every column.
+    pub fn open_all(file: &Path) -> Result<ParquetRows, DataError> {
+        Self::build(file, Self::builder(file)?, ProjectionMask::all())
+    }
+
+    fn builder(file: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>, DataError> {
+        let f = File::open(file).map_err(|source| DataError::Io { file: file.to_owned(), source })?;
+        let options = ArrowReaderOptions::new().with_skip_arrow_metadata(true);
+        ParquetRecordBatchReaderBuilder::try_new_with_options(f, options)
+            .map_err(|source| DataError::Parquet { file: file.to_owned(), source })
+    }
+
+    fn build(
+        file: &Path,
+        builder: ParquetRecordBatchReaderBuilder<File>,
+        mask: ProjectionMask,
+    ) -> Result<ParquetRows, DataError> {
+        let reader = builder
+            .with_projection(mask)
+            .with_batch_size(BATCH_ROWS)
+            .build()
+            .map_err(|source| DataError::Parquet { file: file.to_owned(), source })?;
+        Ok(ParquetRows { file: file.to_owned(), reader, pending: Vec::new().into_iter(), next_row: 0 })
     }
 
     fn decode(&self, batch: &RecordBatch) -> Result<Vec<Value>, DataError> {

@@ -9,8 +9,22 @@ use serde_json::{Map, Value};
 const SEARCH_R1_COLUMNS: &[&str] = &["data_source", "prompt", "reward_model", "extra_info", "tools"];
 
 /// The keys of an ASearcher or TIR row kart reads.
-const QA_COLUMNS: &[&str] =
-    &["id", "data_source", "messages", "question", "problem", "answer", "answers", "tools"];
+const QA_COLUMNS: &[&str] = &[
+    "query_id",
+    "id",
+    "qid",
+    "data_source",
+    "source",
+    "messages",
+    "question",
+    "problem",
+    "answer",
+    "answers",
+    "tools",
+];
+
+/// The keys a row's id may have, in the order ASearcher's workflow looks for them.
+pub(super) const ID_KEYS: &[&str] = &["query_id", "id", "qid"];
 
 /// A row's prompt before it gets its unique id.
 #[derive(Debug)]
@@ -110,7 +124,8 @@ fn search_r1(mut row: Map<String, Value>) -> Result<Parsed, RowError> {
 }
 
 /// ASearcher or TIR row: `messages` or `question` or `problem`; `answer` or `answers`; optional
-/// `id` and `data_source` (default: the format's name).
+/// id (`query_id`, `id` or `qid`, the first present, as ASearcher's workflow reads it) and source
+/// (`data_source`, or ASearcher's `source`; default: the format's name).
 fn qa(mut row: Map<String, Value>, default_source: &str) -> Result<Parsed, RowError> {
     let (messages, prompt) = match take(&mut row, "messages") {
         Some(m) => (Some(messages(m, "messages")?), None),
@@ -123,11 +138,14 @@ fn qa(mut row: Map<String, Value>, default_source: &str) -> Result<Parsed, RowEr
         (None, Some(a)) => answers(a, "answers")?,
         (None, None) => return Err(bad("answer", "missing (a row needs `answer` or `answers`)")),
     };
-    let data_source = match has(&row, "data_source") {
-        true => string(&mut row, "data_source")?,
-        false => default_source.to_owned(),
+    let data_source = match ["data_source", "source"].into_iter().find(|key| has(&row, key)) {
+        Some(key) => string(&mut row, key)?,
+        None => default_source.to_owned(),
     };
-    let key = take(&mut row, "id").map(|id| scalar_id(&id, "id")).transpose()?;
+    let key = match ID_KEYS.iter().find(|key| has(&row, key)) {
+        Some(key) => Some(scalar_id(&take(&mut row, key).unwrap_or_default(), key)?),
+        None => None,
+    };
     let tools = tools(&mut row)?;
     Ok(Parsed { key, messages, prompt, ground_truth, data_source, tools })
 }
@@ -187,7 +205,7 @@ fn object(value: Value) -> Result<Map<String, Value>, String> {
 }
 
 /// A non-empty list of `{role, content}` objects.
-fn messages(value: Value, field: &str) -> Result<Vec<ChatMessage>, RowError> {
+pub(super) fn messages(value: Value, field: &str) -> Result<Vec<ChatMessage>, RowError> {
     let Value::Array(items) = value else {
         return Err(bad(field, format!("expected a list of {{role, content}}, got {}", kind(&value))));
     };
@@ -309,6 +327,23 @@ mod tests {
             .parse(json!({"messages": [{"role": "user", "content": "2*3"}], "answer": "6"}))
             .unwrap();
         assert_eq!((p.messages.unwrap().len(), p.prompt, p.key), (1, None, None));
+    }
+
+    #[test]
+    fn asearcher_rows_name_their_id_and_source_as_asearcher_does() {
+        // ASearcher-Base-35k's keys: `qid` and `source`, an answer list and an `aug_answer`.
+        let row =
+            json!({"question": "Q", "answer": ["x"], "source": "hotpotqa", "aug_answer": ["y"], "qid": 7});
+        let p = RowFormat::Asearcher.parse(row).unwrap();
+        assert_eq!((p.key.as_deref(), &p.data_source[..]), (Some("7"), "hotpotqa"));
+        // The workflow's order: `query_id`, then `id`, then `qid`; `data_source` before `source`.
+        let row = json!({"qid": "c", "id": "b", "query_id": "a", "question": "Q", "answer": "x",
+                         "source": "s", "data_source": "d"});
+        let p = RowFormat::Asearcher.parse(row).unwrap();
+        assert_eq!((p.key.as_deref(), &p.data_source[..]), (Some("a"), "d"));
+        let bad =
+            RowFormat::Asearcher.parse(json!({"qid": 1.5, "question": "Q", "answer": "x"})).unwrap_err();
+        assert_eq!(bad.field, "qid");
     }
 
     #[test]

@@ -109,7 +109,7 @@ fn asearcher_gzip_and_tir_json_lines() {
     let path = dir.path().join("asearcher.jsonl.gz");
     let mut gz = GzEncoder::new(Vec::new(), Compression::default());
     for row in [
-        json!({"id": "a-1", "question": "Q1", "answer": "A1", "source": "ignored"}),
+        json!({"id": "a-1", "question": "Q1", "answer": "A1", "source": "hotpotqa"}),
         json!({"id": 7, "question": "Q2", "answers": ["A2", "B2"]}),
         json!({"question": "Q3", "answer": "A3"}),
     ] {
@@ -120,7 +120,10 @@ fn asearcher_gzip_and_tir_json_lines() {
     let got: Vec<_> =
         read.prompts.iter().map(|p| (p.id.as_str(), p.prompt.as_deref(), p.ground_truth.len())).collect();
     assert_eq!(got, [("a-1", Some("Q1"), 1), ("7", Some("Q2"), 2), ("asearcher/2", Some("Q3"), 1)]);
-    assert!(read.prompts.iter().all(|p| p.messages.is_none() && p.data_source == "asearcher"));
+    assert!(read.prompts.iter().all(|p| p.messages.is_none()));
+    // ASearcher's `source` names the data source; rows without one are `asearcher`'s.
+    let sources: Vec<_> = read.prompts.iter().map(|p| p.data_source.as_str()).collect();
+    assert_eq!(sources, ["hotpotqa", "asearcher", "asearcher"]);
 
     let path = write_lines(
         dir.path(),
