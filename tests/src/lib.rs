@@ -151,6 +151,12 @@ pub fn write_capitals(dir: &Path) {
 /// by `kart retriever serve` on a free loopback port: the server, once ready, and its URL.
 pub fn capitals_retriever(dir: &Path) -> (Child, String) {
     write_capitals(dir);
+    corpus_retriever(dir)
+}
+
+/// `dir/corpus.jsonl` indexed with BM25 in `dir/index` and served by `kart retriever serve` on a
+/// free loopback port: the server, once ready, and its URL.
+pub fn corpus_retriever(dir: &Path) -> (Child, String) {
     let index = dir.join("index");
     let status = std::process::Command::new(binary("kart"))
         .args(["retriever", "index", "--method", "bm25", "--corpus"])
