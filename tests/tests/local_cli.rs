@@ -218,6 +218,34 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     );
     let looped = infer(&["--interactive"], "Where is Dimfan?\n\nWho runs Muntex Press?\n");
     assert_eq!(looped.matches("── answer: ").count(), 2, "one answer per question line: {looped}");
+    // transformers' `AutoTokenizer` (a `Qwen2Tokenizer` for this `qwen2` folder) gives the run's
+    // model kart's ids on the world's passages, years included, and on the gold's answer form.
+    if let Some(python) = kart_testing::python() {
+        let script = "import json, sys\nfrom transformers import AutoTokenizer\nt = AutoTokenizer.from_pretrained(sys.argv[1])\nprint(json.dumps([type(t).__name__] + [t(x, add_special_tokens=False)['input_ids'] for x in json.loads(sys.argv[2])]))";
+        let corpus = std::fs::read_to_string(dir.join("world/corpus.jsonl")).unwrap();
+        let mut texts: Vec<String> = corpus
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["contents"].as_str().unwrap().to_owned())
+            .filter(|text| text.chars().any(|c| c.is_ascii_digit()))
+            .take(20)
+            .collect();
+        assert_eq!(texts.len(), 20, "passages with years");
+        texts.push("<|im_start|>assistant\n<answer> 1952 </answer><|im_end|> 19520 x1952".into());
+        let output = Command::new(python)
+            .arg("-c")
+            .arg(script)
+            .arg(dir.join("model"))
+            .arg(serde_json::to_string(&texts).unwrap())
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let seen: Vec<Value> = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(seen[0], "Qwen2Tokenizer");
+        let tokenizer = kart_tokenizer::Tokenizer::load(dir.join("model")).unwrap();
+        for (text, ids) in texts.iter().zip(&seen[1..]) {
+            assert_eq!(*ids, json!(tokenizer.encode(text, false).unwrap()), "{text:?}");
+        }
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

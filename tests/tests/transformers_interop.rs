@@ -44,11 +44,17 @@ json.dump(out, open(sys.argv[2], "w"))
 "#;
 
 /// Texts the trained tokenizer must split as transformers does: special tokens, words it saw,
-/// bytes it never saw, runs of spaces.
-const TEXTS: [&str; 3] = [
+/// bytes it never saw, runs of spaces and newlines, digits (Qwen2 splits each alone), whole
+/// words added whole (years, alone and inside longer numbers and words), CJK, contractions, and
+/// text NFC changes.
+const TEXTS: [&str; 7] = [
     "<|im_start|>user\nWhich river flows through Zürich?<|im_end|>\n",
     "北京 😀  two  spaces\tand a tab",
     "the agent reads the page<|endoftext|>",
+    "Founded in 1952, it had 12,345 staff by 2024.\n\n\n  Page 7 of 10",
+    "東京タワーは1958年に完成した。  It's   the tower's year",
+    "Cafe\u{301} and café\r\n\tend",
+    "born in 1952 (1952), not 19520 or x1952; <answer> 1999 </answer>",
 ];
 
 /// The venv's Python when it can import torch and transformers; otherwise prints why not.
@@ -171,7 +177,12 @@ fn random_qwen2_with_a_trained_tokenizer_loads_in_transformers() {
         "<|im_end|>",
         "<|endoftext|>",
     )
+    .unwrap()
+    .with_added_words(&[" 1952", " 1999"])
     .unwrap();
+    // An added word is one token wherever it occurs, and digits elsewhere.
+    let count = |text: &str| tokenizer.encode(text, false).unwrap().len();
+    assert_eq!((count(" 1952"), count(" 19520"), count("1952"), count(" 1953")), (1, 2, 4, 5));
     let (eos, pad) = (tokenizer.eos_token_id(), tokenizer.pad_token_id());
     let config = ModelConfig::qwen2(sizes).unwrap().with_special_tokens(eos, pad);
     let model = CausalLm::random(config.clone(), Device::Cpu, 3).unwrap();
@@ -194,7 +205,7 @@ fn random_qwen2_with_a_trained_tokenizer_loads_in_transformers() {
     for (i, text) in TEXTS.iter().enumerate() {
         let ids = tokenizer.encode(text, false).unwrap();
         assert_eq!(out["ids"][i], json!(ids), "{text:?}");
-        assert_eq!(out["decoded"][i], *text);
+        assert_eq!(out["decoded"][i], tokenizer.decode(&ids, false).unwrap(), "{text:?} (NFC-normalised)");
     }
     let diff = max_diff(&kart_logits(&model, &[ids]), &expected);
     assert!(diff < 1e-4, "logits differ by {diff}");

@@ -16,8 +16,9 @@
 //! [`DecodeStream`] turns generated ids into text one token at a time, never splitting a
 //! multi-byte character, for stop strings and streaming.
 //!
-//! A fresh byte-level BPE tokenizer (the GPT-2/Qwen kind) can also be trained on a corpus
-//! ([`Tokenizer::train_byte_level_bpe`]) and written as a folder transformers loads
+//! A fresh byte-level BPE tokenizer with Qwen2's pipeline can also be trained on a corpus
+//! ([`Tokenizer::train_byte_level_bpe`]), given words it keeps whole
+//! ([`Tokenizer::with_added_words`]), and written as a folder transformers loads to the same ids
 //! ([`Tokenizer::save`]), for models trained from scratch.
 //!
 //! ```no_run
@@ -37,8 +38,16 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokenizers::models::bpe::{BPE, BpeTrainer};
 use tokenizers::models::{ModelWrapper, TrainerWrapper};
+use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::normalizers::unicode::NFC;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::{AddedToken, PostProcessorWrapper};
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PostProcessorWrapper, SplitDelimiterBehavior};
+
+/// Qwen2's pre-tokenizer pattern (transformers' `Qwen2Tokenizer`, and every Qwen2 `tokenizer.json`).
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 use crate::chat_template::ConfigTemplate;
 use crate::error::TokenizerError;
@@ -105,8 +114,10 @@ impl Tokenizer {
     }
 
     /// Trains a byte-level BPE tokenizer of at most `vocab_size` tokens on `texts`, laid out like
-    /// the GPT-2 and Qwen tokenizers: the `special_tokens` first (ids 0, 1, ...), then the 256
-    /// bytes, then the merges learnt. `eos` and `pad` name two of the special tokens.
+    /// the Qwen2 tokenizers: the `special_tokens` first (ids 0, 1, ...), then the 256 bytes, then
+    /// the merges learnt, with Qwen2's normalizer and pre-tokenizer (every digit a piece of its
+    /// own), so that transformers' `AutoTokenizer`, which loads any `qwen2` folder as
+    /// `Qwen2Tokenizer`, gives the same ids. `eos` and `pad` name two of the special tokens.
     pub fn train_byte_level_bpe<'a>(
         texts: impl Iterator<Item = &'a str> + Send,
         vocab_size: usize,
@@ -134,9 +145,21 @@ impl Tokenizer {
             .initial_alphabet(alphabet.into_iter().collect())
             .show_progress(false)
             .build();
+        // Qwen2's own pipeline (transformers' `Qwen2Tokenizer` rebuilds it for any `qwen2`
+        // folder): NFC, its split regex (each digit alone), then bytes without a regex of their own.
+        let split =
+            Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
+                .map_err(|e| error(format!("the split pattern: {e}")))?;
+        let pre_tokenizer = Sequence::new(vec![
+            PreTokenizerWrapper::Split(split),
+            PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
+        ]);
         let mut backend = tokenizers::Tokenizer::new(ModelWrapper::BPE(BPE::default()));
         backend
-            .with_pre_tokenizer(Some(ByteLevel::new(false, true, true)))
+            .with_normalizer(Some(NormalizerWrapper::NFC(NFC)))
+            .map_err(|e| error(format!("the normalizer: {e}")))?
+            .with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(pre_tokenizer)));
+        backend
             .with_post_processor(Some(PostProcessorWrapper::ByteLevel(ByteLevel::new(false, false, false))))
             .with_decoder(Some(ByteLevel::default()));
         backend
@@ -151,6 +174,31 @@ impl Tokenizer {
             eos_token_id,
             pad_token_id,
             stop_token_ids: eos_token_id.into_iter().collect(),
+        };
+        Ok(Tokenizer { inner: Arc::new(inner) })
+    }
+
+    /// This tokenizer with each of `words` one token wherever it occurs in a text (an added
+    /// token: the raw text is split at it before the pre-tokenizer runs, so " 1952" is one token
+    /// even where Qwen2's pre-tokenizer would split a space and four digits, also inside " 19520"),
+    /// appended after the vocabulary; words it already has are skipped. transformers splits at
+    /// added tokens the same way, so the saved folder still loads to the same ids.
+    pub fn with_added_words(&self, words: &[&str]) -> Result<Tokenizer, TokenizerError> {
+        let mut backend = self.inner.backend.clone();
+        let added: Vec<AddedToken> = words
+            .iter()
+            .filter(|word| backend.token_to_id(word).is_none())
+            .map(|&word| AddedToken::from(word, false).normalized(false))
+            .collect();
+        backend.add_tokens(added).map_err(|e| self.error(e))?;
+        let inner = Inner {
+            path: self.inner.path.clone(),
+            backend,
+            clean_up_tokenization_spaces: self.inner.clean_up_tokenization_spaces,
+            bos_token_id: self.inner.bos_token_id,
+            eos_token_id: self.inner.eos_token_id,
+            pad_token_id: self.inner.pad_token_id,
+            stop_token_ids: self.inner.stop_token_ids.clone(),
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
     }
@@ -594,6 +642,27 @@ mod tests {
         let fixture_template =
             std::fs::read_to_string(kart_testing::model("tiny-qwen2").join("chat_template.jinja")).unwrap();
         assert_eq!(crate::CHATML, fixture_template);
+    }
+
+    #[test]
+    fn added_words_are_one_token_wherever_they_occur_and_survive_a_save() {
+        let base = trained();
+        // Qwen2's pre-tokenizer: every digit a piece of its own.
+        assert_eq!(base.encode(" 1952", false).unwrap().len(), 5);
+        let tokenizer = base.with_added_words(&[" 1952", " 1999", "<|im_end|>"]).unwrap();
+        // `<|im_end|>` is a token already and keeps its id; the others follow the vocabulary.
+        assert_eq!(tokenizer.eos_token_id(), Some(2));
+        assert_eq!(tokenizer.token_to_id(" 1952"), Some(300));
+        assert_eq!(tokenizer.token_to_id(" 1999"), Some(301));
+        assert_eq!(tokenizer.vocab_size(), 302);
+        let text = "born in 1952, not 1999x or 1953";
+        let ids = tokenizer.encode(text, false).unwrap();
+        assert!(ids.contains(&300) && ids.contains(&301), "{ids:?}");
+        assert_eq!(ids.len(), base.encode(text, false).unwrap().len() - 8);
+        assert_eq!(tokenizer.decode(&ids, false).unwrap(), text);
+        let dir = tempfile::tempdir().unwrap();
+        tokenizer.save(dir.path(), None).unwrap();
+        assert_eq!(Tokenizer::load(dir.path()).unwrap().encode(text, false).unwrap(), ids);
     }
 
     #[test]

@@ -403,13 +403,19 @@ fn base_model(config: &Config, world: &World) -> anyhow::Result<BaseModel> {
         .chain(world.warm_start.iter().map(|q| q.answer.clone()))
         .chain(config.format.vocabulary())
         .collect();
+    // Qwen2's pre-tokenizer writes " 1952" as a space and four digits, and a model this small
+    // made from scratch does not learn to copy those within its warm start
+    // (docs/kart-local-experiments.md): each of the world's years with its leading space is one
+    // token instead, as GPT-2's pre-tokenizer made it.
+    let years: Vec<String> = World::years().iter().map(|year| format!(" {year}")).collect();
     let tokenizer = Tokenizer::train_byte_level_bpe(
         texts.iter().map(String::as_str),
         config.vocab,
         &SPECIAL_TOKENS,
         "<|im_end|>",
         "<|endoftext|>",
-    )?;
+    )?
+    .with_added_words(&years.iter().map(String::as_str).collect::<Vec<_>>())?;
     let sizes = QwenSizes {
         vocab_size: tokenizer.vocab_size(),
         hidden_size: config.hidden,

@@ -279,6 +279,13 @@ pub struct World {
 }
 
 impl World {
+    /// Every year a passage or an answer may name (founding and birth years), as text.
+    pub fn years() -> Vec<String> {
+        let (founding, birth) = (FOUNDING_YEARS.0..=FOUNDING_YEARS.1, BIRTH_YEARS.0..=BIRTH_YEARS.1);
+        let years: std::collections::BTreeSet<u32> = founding.chain(birth).collect();
+        years.into_iter().map(|y| y.to_string()).collect()
+    }
+
     /// Generates the world of `config`; the same config gives the same world on every platform.
     pub fn generate(config: &WorldConfig) -> Result<World, WorldError> {
         let partitions = validate(config)?;
