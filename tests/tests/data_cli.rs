@@ -154,6 +154,14 @@ fn kart_data(args: &[&std::ffi::OsStr]) -> Result<(), String> {
     }
 }
 
+/// The schema pyarrow's JSON reader infers for `file`, its fields joined by ", ".
+fn json_schema(python: &std::path::Path, file: &std::path::Path) -> String {
+    let script = "import sys, pyarrow.json as pj\nt = pj.read_json(sys.argv[1])\nprint(', '.join(f'{f.name}: {f.type}' for f in t.schema))";
+    let output = Command::new(python).arg("-c").arg(script).arg(file).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
 fn lines(file: &std::path::Path) -> Vec<Value> {
     std::fs::read_to_string(file).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
@@ -207,9 +215,14 @@ for d in data:
     assert isinstance(d["question"], str), d
 print(len(data))
 "#;
-        let output = Command::new(python).arg("-c").arg(script).arg(&hotpot).output().unwrap();
+        let output = Command::new(&python).arg("-c").arg(script).arg(&hotpot).output().unwrap();
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "2");
+        // The column types as pyarrow reads the file (as `datasets.load_dataset("json")` does).
+        assert_eq!(
+            json_schema(&python, &hotpot),
+            "question: string, answer: list<item: string>, source: string, qid: string"
+        );
     }
 
     // Merged: the second file's ids are taken, so they get suffixes; kart's groups stay apart.
@@ -270,6 +283,11 @@ fn verl_math_rows_become_the_tir_rows_areal_trains_on() {
 
     // ToRL's own container: parquet as pyarrow writes it.
     if let Some(python) = kart_testing::python() {
+        assert_eq!(
+            json_schema(&python, &out),
+            "data_source: string, ability: string, extra_info: struct<split: string, index: int64>, \
+             messages: list<item: struct<role: string, content: string>>, answer: string"
+        );
         let parquet = dir.join("torl.parquet");
         let script = r#"
 import sys, pyarrow as pa, pyarrow.parquet as pq
