@@ -4,7 +4,8 @@
 
 - `POST /v1/completions`: a prompt of token ids in, `choices[0].logprobs` with `token_id:{id}`
   tokens out. It plays a Search-R1 agent, as scripts/standins/sglang.py does: it searches first,
-  then answers once the context holds retrieved passages.
+  then answers once the context holds retrieved passages. A request for another `model` than the
+  served one gets vLLM's 404.
 - `POST /pause?mode=wait`: waits for the requests in flight, then holds new ones until
   `POST /resume`; `GET /is_paused`.
 - `GET /get_world_size` (`--tp` workers), `GET /weight_info` (`weight_version`, null until the
@@ -23,9 +24,10 @@
 - `GET /health`.
 
 Usage: vllm.py MODEL_DIR PORT [--record FILE] [--fail-updates N] [--tp N] [--save DIR]
-                 [--group-timeout S]
+                 [--group-timeout S] [--served-model-name NAME]
   --record FILE      append each call of the update routes to FILE as a JSON line ({call, ...})
   --fail-updates N   answer the first N `/update_weights` with a failure (the broadcast not joined)
+  --served-model-name NAME   the name requests must give as `model` (default: MODEL_DIR's folder name)
 """
 
 import argparse
@@ -49,7 +51,11 @@ parser.add_argument("--fail-updates", type=int, default=0)
 parser.add_argument("--tp", type=int, default=1)
 parser.add_argument("--save")
 parser.add_argument("--group-timeout", type=float, default=300.0)
+parser.add_argument("--served-model-name")
 args = parser.parse_args()
+# vLLM serves the model under --served-model-name, else under the path it was given; the stand-in
+# defaults to the folder's name, which the tests configure.
+served = args.served_model_name or os.path.basename(os.path.normpath(args.model_dir))
 
 tokenizer = Tokenizer.from_file(f"{args.model_dir}/tokenizer.json")
 state = {"weight_version": None, "failures_left": args.fail_updates, "paused": False, "in_flight": 0}
@@ -217,6 +223,10 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
         url = urlparse(self.path)
         if url.path == "/v1/completions":
+            if body.get("model") != served:
+                # As vLLM's OpenAI server answers a model it does not serve.
+                message = f"The model `{body.get('model')}` does not exist."
+                return self.send(404, {"error": {"message": message, "type": "NotFoundError", "code": 404}})
             return self.send(200, complete(body))
         self.send(*update_route(url.path, parse_qs(url.query), body))
 

@@ -35,7 +35,7 @@ fn kart(args: &[&str], engine: &str, url: &str, retriever: &str) -> Result<Strin
         .arg(&model)
         .args(["--engine", engine, "--engine-url", url, "--retriever", retriever])
         .args(["--env", r#"{"kind": "search-r1", "max_turns": 2}"#]);
-    if engine == "vllm" {
+    if engine == "vllm" && !args.contains(&"--served-model") {
         command.args(["--served-model", "tiny-qwen2"]);
     }
     let done = command.output().unwrap();
@@ -98,4 +98,10 @@ fn eval_and_infer_generate_on_sglang_and_vllm_servers() {
         let answer = shown.find("<answer>William Shakespeare</answer>").expect(&shown);
         assert!(search < passages && passages < answer, "{shown}");
     }
+
+    // vLLM serves its model under a name: another `--served-model` reaches nothing.
+    let (_server, url) = stand_in("vllm.py");
+    let shown = kart(&["infer", "--served-model", "other", "Who wrote Hamlet?"], "vllm", &url, &retriever);
+    let shown = shown.unwrap();
+    assert!(shown.contains("── answer: (none) · 0 turns, 0 tool calls, aborted ──"), "{shown}");
 }

@@ -31,8 +31,9 @@ pub fn verl_to_tir(input: &Path, out: &Path) -> Result<usize, DataError> {
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    write_json_lines(out, converted.iter().cloned())?;
-    Ok(converted.len())
+    let rows = converted.len();
+    write_json_lines(out, converted.into_iter())?;
+    Ok(rows)
 }
 
 /// One TIR row from one verl row, or the field that is wrong and why.
