@@ -90,9 +90,9 @@ mod tests {
     #[test]
     fn http_engines_count_a_connection_per_trajectory() {
         let embedded = RolloutConfig { max_trajectories: 100_000, ..with_retriever() };
-        assert_eq!(needed(&embedded), BASE + 64, "search_concurrency only");
+        assert_eq!(needed(&embedded), BASE + 8, "search_concurrency only");
         assert_eq!(needed(&RolloutConfig::default()), BASE, "no retriever, no search connections");
-        assert_eq!(needed(&sglang(16_384)), BASE + 16_384 + 64);
+        assert_eq!(needed(&sglang(16_384)), BASE + 16_384 + 8);
     }
 
     #[test]
@@ -100,7 +100,7 @@ mod tests {
         let mut config = with_retriever();
         config.env = serde_json::from_str(r#"{"kind": "tir", "tools": ["python"]}"#).unwrap();
         config.context.python.max_concurrent = 10;
-        assert_eq!(needed(&config), BASE + 64 + 10 * PER_PYTHON_RUN);
+        assert_eq!(needed(&config), BASE + 8 + 10 * PER_PYTHON_RUN);
     }
 
     #[test]

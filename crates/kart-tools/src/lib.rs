@@ -2,6 +2,7 @@
 //! sandboxes that do I/O. The protocols that decide when a tool runs and how its result reads to
 //! the model live in [`kart_core::agent`]; the tools' contracts in [`kart_core::tool`].
 //!
+//! - [`batched_search`]: concurrent searches coalesced into batched requests;
 //! - [`calculator`]: tool-integrated reasoning's arithmetic evaluator (pure, no `eval`);
 //! - [`functions`]: named functions for tool-calling models: the built-in tools, HTTP endpoints
 //!   and MCP servers' tools;
@@ -10,6 +11,7 @@
 //! - [`search`]: search and page access through a retriever over HTTP, and a cache in front of
 //!   any search tool (a local index searched in process is `kart-retriever`'s).
 
+pub mod batched_search;
 pub mod calculator;
 pub mod functions;
 pub mod post;

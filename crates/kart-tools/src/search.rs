@@ -1,5 +1,5 @@
 //! The search and page-access tools as environments call them: a Search-R1 retriever over HTTP,
-//! and an LRU cache of results with a concurrency limit in front of any search tool.
+//! and an LRU cache of results in front of any search tool.
 //!
 //! A failing tool never fails the trajectory: the environment turns a [`ToolError`] into a masked
 //! error observation and counts the failed call.
@@ -12,7 +12,6 @@ use serde_json::{Value, json};
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Semaphore;
 
 /// A `kart retriever serve` (or Search-R1 `retrieval_server.py`) reached over HTTP.
 #[derive(Debug, Clone)]
@@ -79,20 +78,18 @@ impl Access for HttpRetriever {
 /// Search results by query and topk.
 type Results = LruCache<(String, usize), Vec<RetrievalResult>>;
 
-/// A search tool with an LRU cache of results per (query, topk) and at most `concurrency` calls in
-/// flight.
+/// A search tool with an LRU cache of results per (query, topk).
 pub struct CachedSearch {
     inner: Arc<dyn Search>,
     /// `None`: no cache.
     cache: Option<Mutex<Results>>,
-    permits: Semaphore,
 }
 
 impl CachedSearch {
     /// Wraps `inner`; a zero `cache_entries` disables caching.
-    pub fn new(inner: Arc<dyn Search>, cache_entries: usize, concurrency: usize) -> Self {
+    pub fn new(inner: Arc<dyn Search>, cache_entries: usize) -> Self {
         let cache = NonZeroUsize::new(cache_entries).map(|capacity| Mutex::new(LruCache::new(capacity)));
-        CachedSearch { inner, cache, permits: Semaphore::new(concurrency.max(1)) }
+        CachedSearch { inner, cache }
     }
 
     fn cached(&self, query: &str, topk: usize) -> Option<Vec<RetrievalResult>> {
@@ -108,11 +105,6 @@ impl Search for CachedSearch {
             let missing: Vec<String> =
                 queries.iter().zip(&results).filter(|(_, r)| r.is_none()).map(|(q, _)| q.clone()).collect();
             if !missing.is_empty() {
-                let _permit = self
-                    .permits
-                    .acquire()
-                    .await
-                    .map_err(|e| ToolError { tool: "search", reason: e.to_string() })?;
                 let mut fetched = self.inner.search(&missing, topk).await?.into_iter();
                 let mut cache = self.cache.as_ref().map(|c| c.lock().expect("cache lock"));
                 for (query, slot) in queries.iter().zip(results.iter_mut()).filter(|(_, r)| r.is_none()) {
@@ -158,7 +150,7 @@ mod tests {
     #[tokio::test]
     async fn cache_answers_repeated_queries_without_the_backend() {
         let index = Arc::new(Counting(AtomicUsize::new(0)));
-        let search = CachedSearch::new(index.clone(), 100, 4);
+        let search = CachedSearch::new(index.clone(), 100);
         let q = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         let first = search.search(&q(&["a", "b"]), 2).await.unwrap();
         let second = search.search(&q(&["b", "c", "a"]), 2).await.unwrap();
@@ -173,7 +165,7 @@ mod tests {
     #[tokio::test]
     async fn zero_entries_cache_nothing() {
         let index = Arc::new(Counting(AtomicUsize::new(0)));
-        let search = CachedSearch::new(index.clone(), 0, 4);
+        let search = CachedSearch::new(index.clone(), 0);
         for _ in 0..3 {
             search.search(&["a".to_string()], 2).await.unwrap();
         }

@@ -66,7 +66,8 @@ pub struct ContextConfig {
     pub tool_timeout_secs: f64,
     /// Search results cached (LRU), by query and topk.
     pub search_cache_entries: usize,
-    /// Search requests in flight toward the retriever.
+    /// Search requests in flight toward the retriever; searches arriving while all are out wait
+    /// and leave together as one batched request.
     pub search_concurrency: usize,
     /// The Python executor of tool-integrated reasoning.
     pub python: SandboxConfig,
@@ -82,7 +83,7 @@ impl Default for ContextConfig {
             retriever_url: None,
             tool_timeout_secs: 30.0,
             search_cache_entries: 10_000,
-            search_concurrency: 64,
+            search_concurrency: 8,
             python: SandboxConfig::default(),
             retry: RetryPolicy::default(),
             reward: RewardConfig::default(),

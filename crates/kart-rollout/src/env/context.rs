@@ -13,6 +13,7 @@ use kart_core::config::rollout::ContextConfig;
 use kart_core::engine::Engine;
 use kart_core::tool::{Access, Function, Search};
 use kart_tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
+use kart_tools::batched_search::BatchedSearch;
 use kart_tools::functions::builtin::{AccessFunction, CalculatorFunction, PythonFunction, SearchFunction};
 use kart_tools::functions::http::HttpFunction;
 use kart_tools::functions::mcp::{McpClient, McpError};
@@ -103,8 +104,8 @@ impl Context {
         let timeout = Duration::from_secs_f64(config.tool_timeout_secs);
         let retriever = config.retriever_url.as_deref().map(|url| Arc::new(HttpRetriever::new(url, timeout)));
         let search = local.or_else(|| retriever.clone().map(|r| r as Arc<dyn Search>)).map(|inner| {
-            Arc::new(CachedSearch::new(inner, config.search_cache_entries, config.search_concurrency))
-                as Arc<dyn Search>
+            let batched = Arc::new(BatchedSearch::new(inner, config.search_concurrency));
+            Arc::new(CachedSearch::new(batched, config.search_cache_entries)) as Arc<dyn Search>
         });
         let python =
             env.runs_python().then(|| PythonSandbox::new(config.python.clone())).transpose()?.map(Arc::new);
