@@ -217,3 +217,35 @@ fn quick_memory_bench_measures_every_setting() {
     std::fs::remove_file(&json).unwrap();
     assert!(rows.len() == 4 && rows.iter().all(|r| r["setup"]["precision"] == "f32"), "{rows:?}");
 }
+
+/// `kart bench retriever --dense`: kart's graph and faiss's on the same small set of embeddings,
+/// a row per efSearch, recall against the exact scan, and the JSON figures.
+#[test]
+fn small_dense_bench_compares_the_graph_with_the_exact_scan_and_faiss() {
+    let python = kart_tests::python();
+    let json = std::env::temp_dir().join(format!("kart-bench-dense-{}.json", std::process::id()));
+    let output = Command::new(binary("kart"))
+        .args(["bench", "retriever", "--dense", "--passages", "3000", "--queries", "200", "--dim", "64"])
+        .args(["--ann-expansion-search", "16,64", "--batch", "64", "--python"])
+        .arg(&python)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("target: recall@10 >= 0.95"), "{stdout}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    for side in ["kart", "faiss"] {
+        let searches = report[side]["searches"].as_array().unwrap();
+        let efs: Vec<u64> = searches.iter().map(|s| s["expansion_search"].as_u64().unwrap()).collect();
+        assert_eq!(efs, [16, 64], "{side}: {report}");
+        for s in searches {
+            assert!(s["recall"].as_f64().unwrap() >= 0.9, "{side}: {s}");
+            assert!(s["batch_qps"].as_f64().unwrap() > 0.0 && s["single_qps"].as_f64().unwrap() > 0.0);
+        }
+        assert!(report[side]["index_bytes"].as_u64().unwrap() > 3000 * 64 / 4, "{side}: {report}");
+    }
+    assert!(report["exact_batch_qps"].as_f64().unwrap() > 0.0);
+}

@@ -132,3 +132,70 @@ fn search_r1_client_payload_works_unchanged() {
     assert!(metrics.contains("kart_retriever_documents 5"), "{metrics}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `kart retriever index --method dense --ann hnsw`: the embeddings, then the approximate graph
+/// over them, served through the same `/retrieve`; run again, the embeddings are reused.
+#[test]
+fn a_dense_index_with_an_approximate_graph_serves_the_same_api() {
+    let Some(model) = kart_testing::minilm() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let index = dir.path().join("index");
+    let build = || {
+        Command::new(binary("kart"))
+            .args(["retriever", "index", "--method", "dense", "--ann", "hnsw", "--ann-quantization", "i8"])
+            .arg("--corpus")
+            .arg(corpus(dir.path()))
+            .arg("--encoder")
+            .arg(&model)
+            .arg("--out")
+            .arg(&index)
+            .output()
+            .unwrap()
+    };
+    let first = build();
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(index.join("kart-index.json")).unwrap()).unwrap();
+    assert_eq!(manifest["ann"], json!({"connectivity": 32, "expansion_add": 128, "quantization": "i8"}));
+    assert!(index.join("ann.usearch").exists());
+    let again = build();
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains("reusing the embeddings"), "{again:?}");
+
+    let port = free_port();
+    let mut server = Child(
+        Command::new(binary("kart"))
+            .args(["retriever", "serve", "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--method", "dense", "--ann-expansion-search", "16", "--index"])
+            .arg(&index)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ready(&format!("{base}/readyz"), &mut server, Duration::from_secs(60));
+    let payload =
+        json!({"queries": ["who wrote hamlet", "longest river in africa"], "topk": 2, "return_scores": true});
+    let response: Value = reqwest::blocking::Client::new()
+        .post(format!("{base}/retrieve"))
+        .json(&payload)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let results: Vec<Vec<RetrievalResult>> = serde_json::from_value(response["result"].clone()).unwrap();
+    assert!(passages_to_string(&results[0]).starts_with("Doc 1(Title: \"Hamlet\")"), "{response}");
+    assert!(passages_to_string(&results[1]).starts_with("Doc 1(Title: \"Nile\")"), "{response}");
+    assert!(results.iter().all(|r| r.len() == 2 && r[0].score >= r[1].score));
+
+    // A graph is built over embeddings: with BM25 the flag is refused by name.
+    let bm25 = Command::new(binary("kart"))
+        .args(["retriever", "index", "--method", "bm25", "--ann", "hnsw", "--corpus"])
+        .arg(corpus(dir.path()))
+        .arg("--out")
+        .arg(dir.path().join("bm25"))
+        .output()
+        .unwrap();
+    assert!(!bm25.status.success());
+    assert!(String::from_utf8_lossy(&bm25.stderr).contains("--ann"), "{bm25:?}");
+}

@@ -62,6 +62,7 @@ pub fn build(
         encoder: None,
         dim: None,
         embeddings_crc32: None,
+        ann: None,
     };
     let docs = writer.finish(manifest)?;
     progress(reader.bytes_read(), total, docs);
@@ -398,6 +399,7 @@ mod tests {
             encoder: None,
             dim: Some(4),
             embeddings_crc32: None,
+            ann: None,
         };
         DocStoreWriter::create(dir.path(), false, 50_000_000).unwrap().finish(manifest).unwrap();
         let err = Bm25Index::open(dir.path()).err().unwrap().to_string();

@@ -17,7 +17,9 @@
 //! [`build`] streams the corpus, encoding passages a few thousand at a time, so memory stays
 //! bounded whatever the corpus size. [`DenseIndex`] loads the embeddings into one tensor (on the GPU
 //! when it searches there) and scores each batch of queries against all of them with a matrix
-//! product and top-k, a slice of the corpus at a time.
+//! product and top-k, a slice of the corpus at a time; or, when the index has an approximate
+//! graph ([`crate::ann`], built by `kart retriever index --ann hnsw`), leaves the embeddings on disk
+//! and searches the graph.
 //!
 //! ```no_run
 //! # use kart_core::config::retriever::EncoderConfig;
@@ -31,12 +33,13 @@
 //!     ..Default::default()
 //! };
 //! dense::build(Path::new("wiki-18.jsonl.gz"), Path::new("index"), e5, &config, |_, _, _| {})?;
-//! let index = DenseIndex::open(Path::new("index"), tch::Device::cuda_if_available())?;
+//! let index = DenseIndex::open(Path::new("index"), tch::Device::cuda_if_available(), 64, 50)?;
 //! let hits = index.search_batch(&["capital of france".to_string()], 3)?;
 //! # Ok(())
 //! # }
 //! ```
 
+use crate::ann::Graph;
 use crate::corpus::CorpusReader;
 use crate::docstore::{DocStore, DocStoreWriter, FORMAT, Manifest};
 use crate::encoder::{Encoder, TextKind};
@@ -65,7 +68,7 @@ const DOC_STORE_BUDGET: usize = 256 << 20;
 const SCORE_BUDGET: i64 = 1 << 26;
 
 /// Rows of the embeddings file read at a time.
-const READ_ROWS: usize = 16_384;
+pub(crate) const READ_ROWS: usize = 16_384;
 
 /// Builds a dense index of `corpus` (Search-R1 JSON lines, optionally gzipped) in `out`, embedding
 /// passages with the encoder in `encoder_dir` (on the GPU when there is one). `progress(bytes_read,
@@ -113,6 +116,7 @@ pub fn build(
         encoder: Some(encoder.config().clone()),
         dim: Some(encoder.dim()),
         embeddings_crc32: Some(crc.sum()),
+        ann: None,
     };
     let docs = store.finish(manifest)?;
     progress(reader.bytes_read(), total, docs);
@@ -134,7 +138,8 @@ fn write_rows(
     out.write_all(&bytes).map_err(|source| RetrieverError::Io { path: path.to_path_buf(), source })
 }
 
-/// A dense index opened for search.
+/// A dense index opened for search: by an exact scan of its embeddings, or through its
+/// approximate graph when it has one ([`crate::ann`]).
 pub struct DenseIndex {
     store: DocStore,
     /// The encoder and the embeddings serve one search at a time (tch tensors are not `Sync`); each
@@ -144,13 +149,27 @@ pub struct DenseIndex {
 
 struct Search {
     encoder: Encoder,
-    /// `(N, D)` f32.
-    embeddings: Tensor,
+    scan: Scan,
+}
+
+/// How the embeddings are searched.
+enum Scan {
+    /// Every embedding, `(N, D)` f32, scored per query.
+    Exact(Tensor),
+    /// The approximate graph.
+    Graph(Graph),
 }
 
 impl DenseIndex {
-    /// Opens an index folder built by [`build`], loading its encoder and embeddings onto `device`.
-    pub fn open(dir: &Path, device: Device) -> Result<Self, RetrieverError> {
+    /// Opens an index folder built by [`build`], loading its encoder onto `device`, and its
+    /// embeddings too when it has no approximate graph; a graph explores `expansion_search`
+    /// candidates per query and re-scores `rerank` of them exactly.
+    pub fn open(
+        dir: &Path,
+        device: Device,
+        expansion_search: usize,
+        rerank: usize,
+    ) -> Result<Self, RetrieverError> {
         let store = DocStore::open(dir)?;
         let manifest = store.manifest();
         let invalid = |reason: String| RetrieverError::Index { path: dir.to_path_buf(), reason };
@@ -172,6 +191,10 @@ impl DenseIndex {
                 encoder.dim()
             )));
         }
+        if manifest.ann.is_some() {
+            let scan = Scan::Graph(Graph::open(dir, manifest, expansion_search, rerank)?);
+            return Ok(DenseIndex { store, search: Mutex::new(Search { encoder, scan }) });
+        }
         let path = dir.join(EMBEDDINGS);
         if manifest.embeddings_crc32.is_none() {
             tracing::warn!(
@@ -180,12 +203,18 @@ impl DenseIndex {
             );
         }
         let embeddings = read_embeddings(&path, store.len(), dim, manifest.embeddings_crc32, device)?;
-        Ok(DenseIndex { store, search: Mutex::new(Search { encoder, embeddings }) })
+        Ok(DenseIndex { store, search: Mutex::new(Search { encoder, scan: Scan::Exact(embeddings) }) })
     }
 
     /// The stored documents.
     pub fn store(&self) -> &DocStore {
         &self.store
+    }
+
+    /// Whether queries go through an approximate graph (otherwise an exact scan).
+    pub fn is_approximate(&self) -> bool {
+        let search = self.search.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        matches!(search.scan, Scan::Graph(_))
     }
 }
 
@@ -199,28 +228,36 @@ impl LocalIndex for DenseIndex {
         if queries.is_empty() || k == 0 {
             return Ok(vec![Vec::new(); queries.len()]);
         }
-        let (scores, ordinals) = {
+        let hits: Vec<Vec<(u64, f32)>> = {
             let search = self.search.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let queries = search.encoder.encode(queries, TextKind::Query)?;
-            // No more than SCORE_BUDGET scores exist at once, whatever the corpus size.
-            let slice = SCORE_BUDGET / queries.size()[0];
-            let (scores, ordinals) = top_k(&queries, &search.embeddings, k as i64, slice);
-            let to_host = |t: Tensor| t.to_device(Device::Cpu).flatten(0, -1);
-            (
-                Vec::<f32>::try_from(to_host(scores)).map_err(ModelError::from)?,
-                Vec::<i64>::try_from(to_host(ordinals)).map_err(ModelError::from)?,
-            )
+            match &search.scan {
+                Scan::Graph(graph) => {
+                    let host = Vec::<f32>::try_from(queries.to_device(Device::Cpu).flatten(0, -1))
+                        .map_err(ModelError::from)?;
+                    graph.search(&host, k)?
+                }
+                Scan::Exact(embeddings) => {
+                    let (scores, ordinals) = exact_top_k(&queries, embeddings, k as i64);
+                    let to_host = |t: Tensor| t.to_device(Device::Cpu).flatten(0, -1);
+                    let scores = Vec::<f32>::try_from(to_host(scores)).map_err(ModelError::from)?;
+                    let ordinals = Vec::<i64>::try_from(to_host(ordinals)).map_err(ModelError::from)?;
+                    scores
+                        .chunks(k)
+                        .zip(ordinals.chunks(k))
+                        .map(|(s, o)| o.iter().map(|&o| o as u64).zip(s.iter().copied()).collect())
+                        .collect()
+                }
+            }
         };
-        scores
-            .chunks(k)
-            .zip(ordinals.chunks(k))
-            .map(|(scores, ordinals)| {
-                let ordinals: Vec<u64> = ordinals.iter().map(|&o| o as u64).collect();
+        hits.into_iter()
+            .map(|hits| {
+                let ordinals: Vec<u64> = hits.iter().map(|&(o, _)| o).collect();
                 let documents = self.store.get_many(&ordinals)?;
                 Ok(documents
                     .into_iter()
-                    .zip(scores)
-                    .map(|(document, &score)| RetrievalResult { document, score: f64::from(score) })
+                    .zip(hits)
+                    .map(|(document, (_, score))| RetrievalResult { document, score: f64::from(score) })
                     .collect())
             })
             .collect()
@@ -229,6 +266,13 @@ impl LocalIndex for DenseIndex {
     fn num_docs(&self) -> u64 {
         self.store.len()
     }
+}
+
+/// The exact scan: the `k` highest inner products of each query `(Q, D)` with the embeddings
+/// `(N, D)`, best first, as `(scores, rows)`, both `(Q, k)`, with no more than a fixed budget of
+/// scores materialised at once whatever the corpus size.
+pub fn exact_top_k(queries: &Tensor, embeddings: &Tensor, k: i64) -> (Tensor, Tensor) {
+    top_k(queries, embeddings, k, SCORE_BUDGET / queries.size()[0].max(1))
 }
 
 /// The `k` highest inner products of each query `(Q, D)` with the embeddings `(N, D)`, best
@@ -251,8 +295,8 @@ fn top_k(queries: &Tensor, embeddings: &Tensor, k: i64, slice: i64) -> (Tensor, 
     (best, Tensor::cat(&rows, 1).gather(1, &position, false))
 }
 
-/// Reads `rows` x `dim` little-endian f32 from `path` into one tensor on `device`, a few thousand
-/// rows at a time, refusing a file whose CRC-32 is not `crc32` (when given).
+/// Reads `rows` x `dim` little-endian f32 from `path` into one tensor on `device`, refusing a
+/// file whose CRC-32 is not `crc32` (when given).
 fn read_embeddings(
     path: &Path,
     rows: u64,
@@ -260,6 +304,33 @@ fn read_embeddings(
     crc32: Option<u32>,
     device: Device,
 ) -> Result<Tensor, RetrieverError> {
+    let embeddings = Tensor::empty([rows as i64, dim as i64], (Kind::Float, device));
+    let crc = for_each_chunk(path, rows, dim, |start, values| {
+        let len = (values.len() / dim) as i64;
+        embeddings.narrow(0, start as i64, len).copy_(&Tensor::from_slice(values).view([len, dim as i64]));
+        Ok(())
+    })?;
+    match crc32 {
+        Some(expected) if crc != expected => Err(RetrieverError::Index {
+            path: path.to_path_buf(),
+            reason: format!(
+                "damaged: CRC-32 {crc:08x}, but the manifest says {expected:08x}; rebuild the index with \
+                 `kart retriever index`"
+            ),
+        }),
+        _ => Ok(embeddings),
+    }
+}
+
+/// Reads the embeddings file `path` of `rows` x `dim` little-endian f32 a few thousand rows at a
+/// time, calling `f(first_row, values)` for each chunk; returns the file's CRC-32. A file of
+/// another size is refused.
+pub(crate) fn for_each_chunk(
+    path: &Path,
+    rows: u64,
+    dim: usize,
+    mut f: impl FnMut(usize, &[f32]) -> Result<(), RetrieverError>,
+) -> Result<u32, RetrieverError> {
     let io_error = |source| RetrieverError::Io { path: path.to_path_buf(), source };
     let mut file = File::open(path).map_err(io_error)?;
     let size = file.metadata().map_err(io_error)?.len();
@@ -273,8 +344,8 @@ fn read_embeddings(
             ),
         });
     }
-    let embeddings = Tensor::empty([rows as i64, dim as i64], (Kind::Float, device));
     let mut bytes = vec![0u8; READ_ROWS * dim * 4];
+    let mut values = Vec::with_capacity(READ_ROWS * dim);
     let mut crc = Crc::new();
     let mut start = 0;
     while start < rows {
@@ -282,24 +353,12 @@ fn read_embeddings(
         let bytes = &mut bytes[..len * dim * 4];
         file.read_exact(bytes).map_err(io_error)?;
         crc.update(bytes);
-        let values: Vec<f32> =
-            bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
-        embeddings
-            .narrow(0, start as i64, len as i64)
-            .copy_(&Tensor::from_slice(&values).view([len as i64, dim as i64]));
+        values.clear();
+        values.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))));
+        f(start as usize, &values)?;
         start += len as u64;
     }
-    match crc32 {
-        Some(expected) if crc.sum() != expected => Err(RetrieverError::Index {
-            path: path.to_path_buf(),
-            reason: format!(
-                "damaged: CRC-32 {:08x}, but the manifest says {expected:08x}; rebuild the index with \
-                 `kart retriever index`",
-                crc.sum()
-            ),
-        }),
-        _ => Ok(embeddings),
-    }
+    Ok(crc.sum())
 }
 
 #[cfg(test)]
@@ -350,7 +409,7 @@ mod tests {
     fn finds_the_passage_of_each_question() {
         let Some(model) = minilm() else { return };
         let (_dir, out) = index(&model);
-        let index = DenseIndex::open(&out, Device::Cpu).unwrap();
+        let index = DenseIndex::open(&out, Device::Cpu, 64, 0).unwrap();
         assert_eq!(index.num_docs(), 6);
         let manifest = index.store().manifest();
         assert_eq!((manifest.method, manifest.dim), (Method::Dense, Some(384)));
@@ -379,16 +438,42 @@ mod tests {
         // Scores are the inner products of the normalised embeddings.
         let search = index.search.lock().unwrap();
         let query = search.encoder.encode(&queries[..1], TextKind::Query).unwrap();
-        let passage = search.embeddings.get(0);
+        let Scan::Exact(embeddings) = &search.scan else { panic!("an index without a graph is scanned") };
+        let passage = embeddings.get(0);
         let expected = query.get(0).dot(&passage).double_value(&[]);
         assert!((hits[0][0].score - expected).abs() < 1e-5, "{} vs {expected}", hits[0][0].score);
+    }
+
+    #[test]
+    fn an_approximate_graph_answers_as_the_exact_scan() {
+        let Some(model) = minilm() else { return };
+        let (_dir, out) = index(&model);
+        let queries: Vec<String> =
+            ["who wrote hamlet", "capital of france", "river in africa"].map(String::from).into();
+        let exact = DenseIndex::open(&out, Device::Cpu, 64, 0).unwrap();
+        assert!(!exact.is_approximate());
+        let expected = exact.search_batch(&queries, 6).unwrap();
+        crate::ann::build(&out, &Default::default(), |_, _| {}).unwrap();
+        let approximate = DenseIndex::open(&out, Device::Cpu, 64, 0).unwrap();
+        assert!(approximate.is_approximate());
+        let found = approximate.search_batch(&queries, 6).unwrap();
+        for (found, expected) in found.iter().zip(&expected) {
+            assert_eq!(ids(found), ids(expected));
+            for (f, e) in found.iter().zip(expected) {
+                assert!(
+                    (f.score - e.score).abs() < 1e-2,
+                    "f16 vectors score within rounding: {f:?} vs {e:?}"
+                );
+                assert_eq!(f.document, e.document);
+            }
+        }
     }
 
     #[test]
     fn batches_match_single_queries_and_topk_is_bounded() {
         let Some(model) = minilm() else { return };
         let (_dir, out) = index(&model);
-        let index = DenseIndex::open(&out, Device::Cpu).unwrap();
+        let index = DenseIndex::open(&out, Device::Cpu, 64, 0).unwrap();
         let queries = vec!["river".to_string(), "shakespeare".to_string(), String::new()];
         let batch = index.search_batch(&queries, 10).unwrap();
         for (query, hits) in queries.iter().zip(&batch) {
@@ -424,11 +509,11 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[100] ^= 0x01;
         std::fs::write(&path, &bytes).unwrap();
-        let err = DenseIndex::open(&out, Device::Cpu).err().unwrap().to_string();
+        let err = DenseIndex::open(&out, Device::Cpu, 64, 0).err().unwrap().to_string();
         assert!(err.starts_with(&format!("{}: damaged: CRC-32 ", path.display())), "{err}");
         bytes[100] ^= 0x01;
         std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
-        let err = DenseIndex::open(&out, Device::Cpu).err().unwrap().to_string();
+        let err = DenseIndex::open(&out, Device::Cpu, 64, 0).err().unwrap().to_string();
         assert_eq!(
             err,
             format!(
@@ -443,7 +528,7 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
         manifest["dim"] = serde_json::json!(768);
         std::fs::write(&manifest_path, manifest.to_string()).unwrap();
-        let err = DenseIndex::open(&out, Device::Cpu).err().unwrap().to_string();
+        let err = DenseIndex::open(&out, Device::Cpu, 64, 0).err().unwrap().to_string();
         let model = std::fs::canonicalize(&model).unwrap();
         let expected =
             format!("the embeddings have dimension 768 but the encoder {} produces 384", model.display());
@@ -483,7 +568,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("bm25");
         bm25::build(&corpus(dir.path()), &out, 50_000_000, |_, _, _| {}).unwrap();
-        let err = DenseIndex::open(&out, Device::Cpu).err().unwrap().to_string();
+        let err = DenseIndex::open(&out, Device::Cpu, 64, 0).err().unwrap().to_string();
         assert_eq!(err, format!("{}: the manifest's method is \"bm25\", not \"dense\"", out.display()));
     }
 

@@ -25,7 +25,7 @@ use crate::RetrieverError;
 use crate::corpus::Passage;
 use kart_core::agent::search_r1::Document;
 use kart_core::agent::search_r1::document;
-use kart_core::config::retriever::{EncoderConfig, Method};
+use kart_core::config::retriever::{AnnConfig, EncoderConfig, Method};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::thread::available_parallelism;
@@ -88,6 +88,10 @@ pub struct Manifest {
     /// whose embeddings are then read unchecked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embeddings_crc32: Option<u32>,
+    /// The approximate graph over the embeddings and how it was built (dense indexes built with
+    /// `--ann`; absent: searched by an exact scan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ann: Option<AnnConfig>,
 }
 
 /// The fields of the document index.
@@ -104,6 +108,11 @@ pub struct Fields {
 }
 
 impl Manifest {
+    /// Writes the manifest into the index folder `dir`, replacing the one there at once.
+    pub fn write(&self, dir: &Path) -> Result<(), RetrieverError> {
+        write_manifest(dir, self)
+    }
+
     /// Reads the manifest of the index folder `dir`, refusing a folder without one (not an index,
     /// or one whose build did not finish) or of another format.
     pub fn read(dir: &Path) -> Result<Self, RetrieverError> {
@@ -271,7 +280,7 @@ impl DocStoreWriter {
 }
 
 /// Writes the manifest through a temporary file, so it is either absent or complete.
-fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), RetrieverError> {
+pub(crate) fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), RetrieverError> {
     let path = dir.join(MANIFEST);
     let partial = dir.join(format!("{MANIFEST}.partial"));
     let json = serde_json::to_vec_pretty(manifest).expect("a manifest serialises");
@@ -438,7 +447,15 @@ pub(crate) mod tests {
     use super::*;
 
     fn manifest(method: Method) -> Manifest {
-        Manifest { format: FORMAT, method, documents: 0, encoder: None, dim: None, embeddings_crc32: None }
+        Manifest {
+            format: FORMAT,
+            method,
+            documents: 0,
+            encoder: None,
+            dim: None,
+            embeddings_crc32: None,
+            ann: None,
+        }
     }
 
     fn passages(n: usize) -> Vec<Passage> {

@@ -10,10 +10,11 @@ pub struct InProcess(pub Arc<dyn LocalIndex>);
 
 impl InProcess {
     /// The index folder `dir` (built by `kart retriever index`, its method read from its manifest)
-    /// as a search tool.
+    /// as a search tool, with the retriever service's default settings.
     pub fn open(dir: &std::path::Path) -> Result<Arc<dyn Search>, crate::RetrieverError> {
         let manifest = crate::docstore::Manifest::read(dir)?;
-        Ok(Arc::new(InProcess(crate::open_local(dir, manifest.method)?)))
+        let defaults = kart_core::config::retriever::RetrieverConfig::default();
+        Ok(Arc::new(InProcess(crate::open_local(dir, manifest.method, &defaults)?)))
     }
 }
 

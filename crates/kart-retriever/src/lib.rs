@@ -5,7 +5,8 @@
 //! - [`corpus`]: streaming reader of the Search-R1 corpus format (JSON lines, optionally gzipped);
 //! - [`docstore`]: the documents stored beside every local index;
 //! - [`bm25`]: building and searching the BM25 index, with top-k by window-max MaxScore (`max_score`);
-//! - [`encoder`] and [`dense`]: sentence embeddings and the flat inner-product index;
+//! - [`encoder`] and [`dense`]: sentence embeddings and the dense inner-product index, scanned
+//!   exactly or through [`ann`]'s approximate graph (HNSW, usearch);
 //! - [`online`]: Serper web search and page reading (Jina reader or direct fetch), cached;
 //! - [`local_pages`]: ASearcher's local pages file, for `/access` without the web;
 //! - [`server`]: the HTTP service.
@@ -15,6 +16,7 @@
 //! environment's search tool, without HTTP (as `kart local` and the trainer's in-process pool use
 //! it). The retriever's configuration is [`kart_core::config::retriever`].
 
+pub mod ann;
 pub mod bm25;
 pub mod corpus;
 pub mod dense;
@@ -31,7 +33,7 @@ pub use error::RetrieverError;
 pub use in_process::InProcess;
 
 use kart_core::agent::search_r1::RetrievalResult;
-use kart_core::config::retriever::Method;
+use kart_core::config::retriever::{Method, RetrieverConfig};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -47,11 +49,19 @@ pub trait LocalIndex: Send + Sync {
     fn num_docs(&self) -> u64;
 }
 
-/// The local index of `method` in `dir` (dense indexes encode queries on CUDA when available).
-pub fn open_local(dir: &Path, method: Method) -> Result<Arc<dyn LocalIndex>, RetrieverError> {
+/// The local index of `method` in `dir` (dense indexes encode queries on CUDA when available; an
+/// approximate graph is searched with `config`'s `ann_expansion_search` and `ann_rerank`).
+pub fn open_local(
+    dir: &Path,
+    method: Method,
+    config: &RetrieverConfig,
+) -> Result<Arc<dyn LocalIndex>, RetrieverError> {
     Ok(match method {
         Method::Bm25 => Arc::new(bm25::Bm25Index::open(dir)?),
-        Method::Dense => Arc::new(dense::DenseIndex::open(dir, kart_torch::auto("dense retriever"))?),
+        Method::Dense => {
+            let device = kart_torch::auto("dense retriever");
+            Arc::new(dense::DenseIndex::open(dir, device, config.ann_expansion_search, config.ann_rerank)?)
+        }
         Method::Serper => {
             let reason = "serper searches online; a local index is bm25 or dense".into();
             return Err(RetrieverError::BadRequest { field: "method", reason });

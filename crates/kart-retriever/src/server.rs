@@ -51,7 +51,9 @@ impl Backend {
             })
         };
         Ok(match config.method {
-            Method::Bm25 | Method::Dense => Backend::Local(crate::open_local(&index_dir()?, config.method)?),
+            Method::Bm25 | Method::Dense => {
+                Backend::Local(crate::open_local(&index_dir()?, config.method, config)?)
+            }
             Method::Serper => Backend::Serper(Box::new(OnlineSearch::new(
                 &config.online,
                 std::env::var("SERPER_API_KEY").ok(),

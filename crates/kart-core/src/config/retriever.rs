@@ -63,6 +63,40 @@ pub enum Pooling {
     Cls,
 }
 
+/// An approximate nearest-neighbour graph (HNSW, built and searched by usearch) over a dense
+/// index's embeddings, for corpora a flat scan cannot serve: a query visits a few thousand
+/// passages instead of all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnnConfig {
+    /// Links per node (HNSW's `M`): more is closer to exact and larger.
+    pub connectivity: usize,
+    /// Candidates kept while inserting (HNSW's `efConstruction`): more builds slower and better.
+    pub expansion_add: usize,
+    /// How the graph stores each vector.
+    pub quantization: AnnQuantization,
+}
+
+impl Default for AnnConfig {
+    fn default() -> Self {
+        AnnConfig { connectivity: 32, expansion_add: 128, quantization: AnnQuantization::I8 }
+    }
+}
+
+/// The scalar type of the vectors an approximate graph stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AnnQuantization {
+    /// 4 bytes a dimension, as the embeddings.
+    F32,
+    /// 2 bytes a dimension (half of `f32`'s memory).
+    F16,
+    /// 1 byte a dimension (a quarter), scaled for unit vectors: the fastest; re-scoring the
+    /// candidates (`ann_rerank`) recovers the recall it loses.
+    #[default]
+    I8,
+}
+
 /// Settings of the online backends (web search and page access).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -140,6 +174,13 @@ pub struct RetrieverConfig {
     pub max_response_bytes: usize,
     /// Dense encoder settings.
     pub encoder: EncoderConfig,
+    /// Candidates a dense index's approximate graph explores per query (HNSW's `efSearch`): more
+    /// is slower and closer to the exact scan. Indexes without a graph are scanned exactly.
+    pub ann_expansion_search: usize,
+    /// Candidates of the graph re-scored exactly against the f32 embeddings (memory-mapped, read
+    /// as the OS pages them in) before the best `topk` are kept, undoing the graph's
+    /// quantisation; at least `topk` always are, so scores are exact inner products.
+    pub ann_rerank: usize,
     /// Online backend settings (Serper search, page access).
     pub online: OnlineConfig,
     /// ASearcher's local pages file (JSON lines keyed by `url`, such as its
@@ -161,6 +202,8 @@ impl Default for RetrieverConfig {
             max_results: 100_000,
             max_response_bytes: 64 << 20,
             encoder: EncoderConfig::default(),
+            ann_expansion_search: 64,
+            ann_rerank: 50,
             online: OnlineConfig::default(),
             pages: None,
         }

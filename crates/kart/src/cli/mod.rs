@@ -13,7 +13,7 @@ mod local;
 mod logging;
 mod plan;
 mod plot;
-mod retriever;
+pub(crate) mod retriever;
 mod rollout;
 mod setup;
 mod status_file;

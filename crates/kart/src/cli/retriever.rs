@@ -3,7 +3,8 @@
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use kart_core::config::retriever::{Method, RetrieverConfig};
+use kart_core::config::retriever::{AnnConfig, AnnQuantization, Method, RetrieverConfig};
+use kart_retriever::docstore::Manifest;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -38,6 +39,45 @@ pub struct IndexArgs {
     /// Indexing memory budget in MiB (BM25).
     #[arg(long, default_value_t = 512)]
     memory_mb: usize,
+    /// Also build an approximate nearest-neighbour graph over the embeddings (dense), searched
+    /// instead of the exact scan. The embeddings of a finished dense index already in `--out` are
+    /// reused, and a graph build that stopped resumes from its last checkpoint.
+    #[arg(long, value_enum)]
+    ann: Option<AnnMethod>,
+    /// Links per node of the graph (HNSW's M).
+    #[arg(long, default_value_t = AnnConfig::default().connectivity)]
+    ann_connectivity: usize,
+    /// Candidates kept while inserting into the graph (HNSW's efConstruction).
+    #[arg(long, default_value_t = AnnConfig::default().expansion_add)]
+    ann_expansion_add: usize,
+    /// How the graph stores each vector: f32, f16 or i8.
+    #[arg(long, value_enum, default_value = "i8")]
+    ann_quantization: Quantization,
+}
+
+/// Approximate nearest-neighbour methods.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum AnnMethod {
+    /// A hierarchical navigable small-world graph (usearch).
+    Hnsw,
+}
+
+/// The scalar type of the graph's vectors.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Quantization {
+    F32,
+    F16,
+    I8,
+}
+
+impl From<Quantization> for AnnQuantization {
+    fn from(q: Quantization) -> Self {
+        match q {
+            Quantization::F32 => AnnQuantization::F32,
+            Quantization::F16 => AnnQuantization::F16,
+            Quantization::I8 => AnnQuantization::I8,
+        }
+    }
 }
 
 /// Serve `/retrieve`, `/access`, `/healthz`, `/readyz` and `/metrics`.
@@ -64,6 +104,12 @@ pub struct ServeArgs {
     /// ASearcher's local pages file (JSON lines keyed by `url`): `/access` answers from it.
     #[arg(long)]
     pages: Option<PathBuf>,
+    /// Candidates a dense index's approximate graph explores per query (HNSW's efSearch).
+    #[arg(long)]
+    ann_expansion_search: Option<usize>,
+    /// Candidates of the graph re-scored exactly against the f32 embeddings (at least topk are).
+    #[arg(long)]
+    ann_rerank: Option<usize>,
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -89,6 +135,9 @@ fn progress_bar(total: u64) -> ProgressBar {
 
 fn index(args: IndexArgs) -> anyhow::Result<ExitCode> {
     let method = parse_method(&args.method)?;
+    if args.ann.is_some() && method != Method::Dense {
+        anyhow::bail!("--ann: an approximate graph is built over a dense index (`--method dense`)");
+    }
     let bar = progress_bar(0);
     let progress = |read: u64, total: u64, docs: u64| {
         bar.set_length(total);
@@ -99,15 +148,39 @@ fn index(args: IndexArgs) -> anyhow::Result<ExitCode> {
     let docs = match method {
         Method::Bm25 => kart_retriever::bm25::build(&args.corpus, &args.out, args.memory_mb << 20, progress)?,
         Method::Dense => {
-            let encoder =
-                args.encoder.clone().context("--encoder: a dense index needs an encoder model folder")?;
-            let config = kart_core::config::retriever::EncoderConfig {
-                model: Some(encoder.clone()),
-                query_prefix: args.query_prefix,
-                passage_prefix: args.passage_prefix,
-                ..Default::default()
+            let finished = Manifest::read(&args.out)
+                .is_ok_and(|m| m.method == Method::Dense && m.embeddings_crc32.is_some());
+            let docs = if args.ann.is_some() && finished {
+                println!("reusing the embeddings of the dense index in {}", args.out.display());
+                Manifest::read(&args.out)?.documents
+            } else {
+                let encoder =
+                    args.encoder.clone().context("--encoder: a dense index needs an encoder model folder")?;
+                let config = kart_core::config::retriever::EncoderConfig {
+                    model: Some(encoder.clone()),
+                    query_prefix: args.query_prefix,
+                    passage_prefix: args.passage_prefix,
+                    ..Default::default()
+                };
+                kart_retriever::dense::build(&args.corpus, &args.out, &encoder, &config, progress)?
             };
-            kart_retriever::dense::build(&args.corpus, &args.out, &encoder, &config, progress)?
+            if args.ann.is_some() {
+                let config = AnnConfig {
+                    connectivity: args.ann_connectivity,
+                    expansion_add: args.ann_expansion_add,
+                    quantization: args.ann_quantization.into(),
+                };
+                anyhow::ensure!(config.connectivity >= 2, "--ann-connectivity must be at least 2");
+                anyhow::ensure!(config.expansion_add >= 1, "--ann-expansion-add must be at least 1");
+                let graph = ProgressBar::new(docs);
+                graph.set_style(
+                    ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} vectors in the graph ({eta} left)")
+                        .expect("valid template"),
+                );
+                kart_retriever::ann::build(&args.out, &config, |added, _| graph.set_position(added))?;
+                graph.finish_and_clear();
+            }
+            docs
         }
         Method::Serper => anyhow::bail!("--method: serper searches the web and has no index to build"),
     };
@@ -157,6 +230,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(pages) = args.pages {
         config.pages = Some(pages);
+    }
+    if let Some(n) = args.ann_expansion_search {
+        config.ann_expansion_search = n;
+    }
+    if let Some(n) = args.ann_rerank {
+        config.ann_rerank = n;
     }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(kart_retriever::server::run(config))?;

@@ -2,6 +2,7 @@
 //! as ratios.
 
 mod anchor;
+mod dense;
 mod encoder;
 mod model;
 mod retriever;

@@ -8,12 +8,15 @@
 //! words, so recall is measurable. The anchor (`scripts/bench/retriever_anchor.py`) indexes the
 //! same files with bm25s, scoring like tantivy (k1 = 1.2, b = 0.75, the same stop words).
 
+use crate::cli::retriever::Quantization;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use kart_core::config::retriever::{AnnConfig, RetrieverConfig};
 use kart_retriever::LocalIndex;
 use kart_retriever::bm25::{self, Bm25Index};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -29,46 +32,72 @@ use std::time::{Duration, Instant};
 pub struct Args {
     /// Passages in the synthetic corpus.
     #[arg(long, default_value_t = 1_000_000)]
-    passages: u64,
+    pub(super) passages: u64,
     /// Queries, each with a known answer passage.
     #[arg(long, default_value_t = 10_000)]
-    queries: u64,
+    pub(super) queries: u64,
     /// Queries per batch in the batched measurement.
     #[arg(long, default_value_t = 512)]
-    batch: usize,
+    pub(super) batch: usize,
     /// Results per query; recall is measured at this depth.
     #[arg(long, default_value_t = 3)]
-    topk: usize,
+    pub(super) topk: usize,
     /// Words in the vocabulary (English stop words, then synthetic words).
     #[arg(long, default_value_t = 200_000)]
-    vocab: usize,
+    pub(super) vocab: usize,
     /// Zipf exponent of word frequencies.
     #[arg(long, default_value_t = 1.0)]
-    zipf: f64,
+    pub(super) zipf: f64,
     /// Seed of the corpus and queries.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(super) seed: u64,
     /// Indexing memory budget in MiB.
     #[arg(long, default_value_t = 1024)]
-    memory_mb: usize,
+    pub(super) memory_mb: usize,
     /// Folder for the corpus, queries and index, kept afterwards [default: a temporary folder].
     #[arg(long)]
-    work: Option<PathBuf>,
+    pub(super) work: Option<PathBuf>,
     /// Skip the bm25s anchor.
     #[arg(long)]
-    no_anchor: bool,
+    pub(super) no_anchor: bool,
     /// Python interpreter of the anchor, with the packages of scripts/requirements.txt.
     #[arg(long, default_value = "python3")]
-    python: PathBuf,
+    pub(super) python: PathBuf,
     /// The anchor script.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench/retriever_anchor.py"))]
-    anchor_script: PathBuf,
+    pub(super) anchor_script: PathBuf,
     /// Also write the results to this file as JSON.
     #[arg(long)]
-    json: Option<PathBuf>,
+    pub(super) json: Option<PathBuf>,
+    /// Benchmark the dense index instead: its approximate graph (usearch HNSW) against the exact
+    /// scan and faiss's HNSW, on `--passages` synthetic embeddings (`--queries`, `--batch`,
+    /// `--seed`, `--work`, `--no-anchor`, `--python` and `--json` apply too).
+    #[arg(long)]
+    pub(super) dense: bool,
+    /// Dimension of the synthetic embeddings (--dense; e5-base's 768 by default).
+    #[arg(long, default_value_t = 768)]
+    pub(super) dim: usize,
+    /// Links per node of the graph (--dense).
+    #[arg(long, default_value_t = AnnConfig::default().connectivity)]
+    pub(super) ann_connectivity: usize,
+    /// Candidates kept while inserting (--dense).
+    #[arg(long, default_value_t = AnnConfig::default().expansion_add)]
+    pub(super) ann_expansion_add: usize,
+    /// Candidates explored per query (--dense): each value is measured on the same graph.
+    #[arg(long, value_delimiter = ',', default_value = "16,32,64,128")]
+    pub(super) ann_expansion_search: Vec<usize>,
+    /// How the graph stores each vector (--dense).
+    #[arg(long, value_enum, default_value = "i8")]
+    pub(super) ann_quantization: Quantization,
+    /// Candidates re-scored exactly against the f32 embeddings (--dense; at least 10 are).
+    #[arg(long, default_value_t = RetrieverConfig::default().ann_rerank)]
+    pub(super) ann_rerank: usize,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.dense {
+        return super::dense::run(&args);
+    }
     anyhow::ensure!(args.passages > 0 && args.queries > 0, "--passages and --queries must be at least 1");
     anyhow::ensure!(args.topk > 0 && args.batch > 0, "--topk and --batch must be at least 1");
     anyhow::ensure!(args.vocab > STOPWORDS.len(), "--vocab must exceed the {} stop words", STOPWORDS.len());
@@ -422,7 +451,7 @@ fn batched(index: &Bm25Index, queries: &[String], batch: usize, topk: usize) -> 
     Ok(started.elapsed().as_secs_f64())
 }
 
-fn folder_size(dir: &Path) -> anyhow::Result<u64> {
+pub(super) fn folder_size(dir: &Path) -> anyhow::Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir)? {
         total += entry?.metadata()?.len();
@@ -430,20 +459,20 @@ fn folder_size(dir: &Path) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-fn progress_bar(template: &str) -> ProgressBar {
+pub(super) fn progress_bar(template: &str) -> ProgressBar {
     let bar = ProgressBar::new(0);
     bar.set_style(ProgressStyle::with_template(template).expect("valid template"));
     bar
 }
 
 /// The bench's folder: the one given, or a temporary one removed when the bench ends.
-struct WorkDir {
-    path: PathBuf,
+pub(super) struct WorkDir {
+    pub(super) path: PathBuf,
     temporary: bool,
 }
 
 impl WorkDir {
-    fn new(given: Option<PathBuf>) -> anyhow::Result<Self> {
+    pub(super) fn new(given: Option<PathBuf>) -> anyhow::Result<Self> {
         let (path, temporary) = match given {
             Some(path) => (path, false),
             None => (std::env::temp_dir().join(format!("kart-bench-retriever-{}", std::process::id())), true),
@@ -493,23 +522,42 @@ struct Anchor {
 
 fn anchor(args: &Args, corpus: &Path, queries: &Path, work: &Path) -> anyhow::Result<Anchor> {
     tracing::info!(script = %args.anchor_script.display(), "running the bm25s anchor");
-    let out = work.join("anchor.json");
+    let arguments = [
+        "--corpus".into(),
+        corpus.into(),
+        "--queries".into(),
+        queries.into(),
+        "--topk".into(),
+        args.topk.to_string().into(),
+        "--batch".into(),
+        args.batch.to_string().into(),
+    ];
+    run_anchor(args, &args.anchor_script, &arguments, &work.join("anchor.json"))
+}
+
+/// Runs the anchor `script` with `arguments` and `--json out`, and reads its figures from `out`;
+/// a failing anchor is an error saying how to install its packages.
+pub(super) fn run_anchor<T: serde::de::DeserializeOwned>(
+    args: &Args,
+    script: &Path,
+    arguments: &[OsString],
+    out: &Path,
+) -> anyhow::Result<T> {
     let status = Command::new(&args.python)
-        .arg(&args.anchor_script)
-        .args(["--corpus".as_ref(), corpus.as_os_str(), "--queries".as_ref(), queries.as_os_str()])
-        .args(["--topk", &args.topk.to_string(), "--batch", &args.batch.to_string()])
+        .arg(script)
+        .args(arguments)
         .arg("--json")
-        .arg(&out)
+        .arg(out)
         .status()
         .with_context(|| format!("starting {}", args.python.display()))?;
     if !status.success() {
         bail!(
-            "the anchor {} failed ({status}); install its packages with `pip install -r scripts/requirements.txt`, \
-             or pass --no-anchor",
-            args.anchor_script.display()
+            "the anchor {} failed ({status}); install its packages with `bash scripts/setup.sh` \
+             (scripts/requirements.txt), or pass --no-anchor",
+            script.display()
         );
     }
-    let json = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
+    let json = std::fs::read(out).with_context(|| format!("reading {}", out.display()))?;
     serde_json::from_slice(&json).with_context(|| format!("parsing {}", out.display()))
 }
 

@@ -1,0 +1,376 @@
+//! `kart bench retriever --dense`: the dense index's approximate graph (usearch's HNSW, as
+//! `kart retriever index --ann hnsw` builds it) against the exact scan it replaces and against
+//! faiss's HNSW, on the same embeddings in the same run.
+//!
+//! The embeddings are synthetic, from a seed: unit vectors of `--dim` dimensions near a
+//! 64-dimensional subspace, drawn around 1024 topics (a random linear map of Gaussian points
+//! around Gaussian topic centres, plus noise in every dimension), as sentence embeddings
+//! concentrate near a low-dimensional manifold in clusters; queries are drawn the same way. No encoder runs: its cost is the same for both searches (`kart bench encoder` measures
+//! it). The exact scan is the dense index's own ([`kart_retriever::dense::exact_top_k`]) and gives
+//! the true neighbours recall is measured against. The anchor (`scripts/bench/dense_anchor.py`)
+//! builds faiss's HNSW with the same links per node, insertion and search candidates, inner
+//! product and vector type, and is timed the same ways: single queries one at a time on one
+//! thread, and batches on every core.
+
+use super::retriever::{Args, WorkDir, folder_size, progress_bar, run_anchor};
+use anyhow::Context;
+use kart_core::config::retriever::{AnnConfig, AnnQuantization, Method};
+use kart_retriever::ann::{self, Graph};
+use kart_retriever::dense::{EMBEDDINGS, exact_top_k};
+use kart_retriever::docstore::{FORMAT, Manifest};
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+/// Dimensions of the subspace the synthetic embeddings lie near.
+const LATENT: i64 = 64;
+
+/// Topics the synthetic passages and queries are drawn around, and their spread (a topic's
+/// centre has unit variance per latent dimension).
+const TOPICS: i64 = 1024;
+const TOPIC_SPREAD: f64 = 1.0;
+
+/// Rows generated at a time.
+const CHUNK: i64 = 65_536;
+
+/// Results per query; recall is measured at this depth.
+const K: usize = 10;
+
+/// The targets: recall@10 and the graph's batched QPS over the exact scan's.
+const RECALL_TARGET: f64 = 0.95;
+const SPEEDUP_TARGET: f64 = 20.0;
+
+/// Search-R1's wiki-18 corpus, for the projection.
+const WIKI18_PASSAGES: f64 = 21_015_324.0;
+
+/// One side's figures at one number of search candidates.
+#[derive(Debug, Serialize, Deserialize)]
+struct Search {
+    expansion_search: usize,
+    single_qps: f64,
+    batch_qps: f64,
+    recall: f64,
+}
+
+/// Figures of one side.
+#[derive(Debug, Serialize, Deserialize)]
+struct Measures {
+    build_secs: f64,
+    index_bytes: u64,
+    searches: Vec<Search>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    passages: u64,
+    queries: usize,
+    dim: usize,
+    ann: AnnConfig,
+    rerank: usize,
+    exact_single_qps: f64,
+    exact_batch_qps: f64,
+    kart: Measures,
+    faiss: Option<Measures>,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.dim > 0, "--dim must be at least 1");
+    let work = WorkDir::new(args.work.clone())?;
+    let dir = work.path.join("dense");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let (n, dim) = (args.passages as i64, args.dim as i64);
+    let threads = rayon::current_num_threads();
+    tch::set_num_threads(threads as i32);
+    tch::manual_seed(args.seed as i64);
+    let basis = Tensor::randn([LATENT, dim], (Kind::Float, Device::Cpu));
+    let topics = Tensor::randn([TOPICS, LATENT], (Kind::Float, Device::Cpu));
+
+    tracing::info!(passages = n, dim, "writing the synthetic embeddings");
+    let bar = progress_bar("{spinner} embeddings [{elapsed_precise}] {bar:40} {pos}/{len}");
+    bar.set_length(n as u64);
+    let embeddings = Tensor::empty([n, dim], (Kind::Float, Device::Cpu));
+    let mut file = BufWriter::new(std::fs::File::create(dir.join(EMBEDDINGS))?);
+    for start in (0..n).step_by(CHUNK as usize) {
+        let rows = synthetic(&basis, &topics, CHUNK.min(n - start));
+        embeddings.narrow(0, start, rows.size()[0]).copy_(&rows);
+        file.write_all(&le_bytes(&rows)?)?;
+        bar.set_position((start + rows.size()[0]) as u64);
+    }
+    file.flush()?;
+    drop(file);
+    bar.finish_and_clear();
+    let manifest = Manifest {
+        format: FORMAT,
+        method: Method::Dense,
+        documents: n as u64,
+        encoder: None,
+        dim: Some(args.dim),
+        embeddings_crc32: None,
+        ann: None,
+    };
+    manifest.write(&dir)?;
+    let queries = synthetic(&basis, &topics, args.queries as i64);
+    let queries_path = work.path.join("queries.f32");
+    std::fs::write(&queries_path, le_bytes(&queries)?)?;
+
+    // The exact scan: the true neighbours, and its speed.
+    tracing::info!(queries = args.queries, "exact scan, batched");
+    let started = Instant::now();
+    let mut truth: Vec<Vec<u64>> = Vec::with_capacity(args.queries as usize);
+    for start in (0..queries.size()[0]).step_by(args.batch) {
+        let batch = queries.narrow(0, start, (args.batch as i64).min(queries.size()[0] - start));
+        let (_, rows) = exact_top_k(&batch, &embeddings, K as i64);
+        let rows = Vec::<i64>::try_from(rows.flatten(0, -1))?;
+        truth.extend(rows.chunks(K).map(|r| r.iter().map(|&i| i as u64).collect()));
+    }
+    let exact_batch_qps = args.queries as f64 / started.elapsed().as_secs_f64();
+    let single = (args.queries as usize).min(100);
+    tracing::info!(queries = single, "exact scan, single queries on one thread");
+    tch::set_num_threads(1);
+    let started = Instant::now();
+    for i in 0..single as i64 {
+        let _ = exact_top_k(&queries.narrow(0, i, 1), &embeddings, K as i64);
+    }
+    let exact_single_qps = single as f64 / started.elapsed().as_secs_f64();
+    tch::set_num_threads(threads as i32);
+    drop(embeddings);
+    let truth_path = work.path.join("truth.txt");
+    let lines: Vec<String> =
+        truth.iter().map(|r| r.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")).collect();
+    std::fs::write(&truth_path, lines.join("\n") + "\n")?;
+
+    // kart's graph, built as `kart retriever index --ann hnsw` builds it.
+    let ann = AnnConfig {
+        connectivity: args.ann_connectivity,
+        expansion_add: args.ann_expansion_add,
+        quantization: args.ann_quantization.into(),
+    };
+    tracing::info!(?ann, "building the approximate graph");
+    let bar = progress_bar("{spinner} graph [{elapsed_precise}] {bar:40} {pos}/{len} ({eta} left)");
+    bar.set_length(n as u64);
+    let started = Instant::now();
+    ann::build(&dir, &ann, |added, _| bar.set_position(added))?;
+    let build_secs = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let graph = Graph::open(&dir, &Manifest::read(&dir)?, 64, args.ann_rerank)?;
+    let flat = Vec::<f32>::try_from(queries.flatten(0, -1))?;
+    graph.search(&flat[..args.batch.min(args.queries as usize) * args.dim], K)?; // warm-up
+    let mut searches = Vec::new();
+    for &expansion_search in &args.ann_expansion_search {
+        graph.set_expansion_search(expansion_search);
+        let started = Instant::now();
+        let mut found = Vec::with_capacity(truth.len());
+        for batch in flat.chunks(args.batch * args.dim) {
+            found.extend(graph.search(batch, K)?);
+        }
+        let batch_qps = args.queries as f64 / started.elapsed().as_secs_f64();
+        let single = (args.queries as usize).min(2000);
+        let started = Instant::now();
+        for query in flat.chunks(args.dim).take(single) {
+            graph.search_one(query, K)?;
+        }
+        let single_qps = single as f64 / started.elapsed().as_secs_f64();
+        let hits: usize =
+            found.iter().zip(&truth).map(|(f, t)| f.iter().filter(|(o, _)| t.contains(o)).count()).sum();
+        let recall = hits as f64 / (truth.len() * K) as f64;
+        searches.push(Search { expansion_search, single_qps, batch_qps, recall });
+    }
+    let kart = Measures {
+        build_secs,
+        index_bytes: folder_size(&dir)? - std::fs::metadata(dir.join(EMBEDDINGS))?.len(),
+        searches,
+    };
+    drop(graph);
+
+    let faiss = if args.no_anchor {
+        None
+    } else {
+        Some(anchor(args, &dir.join(EMBEDDINGS), &queries_path, &truth_path, &work.path, threads)?)
+    };
+    let report = Report {
+        passages: n as u64,
+        queries: args.queries as usize,
+        dim: args.dim,
+        ann,
+        rerank: args.ann_rerank,
+        exact_single_qps,
+        exact_batch_qps,
+        kart,
+        faiss,
+    };
+    report.print(threads);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `rows` unit vectors near the span of `basis` `(LATENT, D)`, around the `topics` `(TOPICS,
+/// LATENT)`.
+fn synthetic(basis: &Tensor, topics: &Tensor, rows: i64) -> Tensor {
+    let dim = basis.size()[1];
+    let topic = Tensor::randint(topics.size()[0], [rows], (Kind::Int64, Device::Cpu));
+    let spread = Tensor::randn([rows, LATENT], (Kind::Float, Device::Cpu)) * TOPIC_SPREAD;
+    let latent = topics.index_select(0, &topic) + spread;
+    // Noise in every dimension, of a tenth of the signal's scale.
+    let noise = Tensor::randn([rows, dim], (Kind::Float, Device::Cpu)) * (LATENT as f64).sqrt() * 0.1;
+    let x = latent.matmul(basis) + noise;
+    let norm = x.norm_scalaropt_dim(2, [1i64].as_slice(), true);
+    x / norm
+}
+
+/// The rows of an f32 tensor as little-endian bytes.
+fn le_bytes(rows: &Tensor) -> anyhow::Result<Vec<u8>> {
+    let values = Vec::<f32>::try_from(rows.flatten(0, -1))?;
+    Ok(values.iter().flat_map(|x| x.to_le_bytes()).collect())
+}
+
+fn anchor(
+    args: &Args,
+    embeddings: &Path,
+    queries: &Path,
+    truth: &Path,
+    work: &Path,
+    threads: usize,
+) -> anyhow::Result<Measures> {
+    let script = args.anchor_script.with_file_name("dense_anchor.py");
+    tracing::info!(script = %script.display(), "running the faiss anchor");
+    let out = work.join("dense-anchor.json");
+    let efs: Vec<String> = args.ann_expansion_search.iter().map(usize::to_string).collect();
+    let quantization = match AnnQuantization::from(args.ann_quantization) {
+        AnnQuantization::F32 => "f32",
+        AnnQuantization::F16 => "f16",
+        AnnQuantization::I8 => "i8",
+    };
+    let mut arguments: Vec<OsString> = vec![
+        "--embeddings".into(),
+        embeddings.into(),
+        "--queries".into(),
+        queries.into(),
+        "--truth".into(),
+        truth.into(),
+    ];
+    for (flag, value) in [
+        ("--dim", args.dim.to_string()),
+        ("--k", K.to_string()),
+        ("--m", args.ann_connectivity.to_string()),
+        ("--ef-construction", args.ann_expansion_add.to_string()),
+        ("--ef-search", efs.join(",")),
+        ("--quantization", quantization.to_string()),
+        ("--batch", args.batch.to_string()),
+        ("--single", args.queries.min(2000).to_string()),
+        ("--threads", threads.to_string()),
+        ("--rerank", args.ann_rerank.to_string()),
+    ] {
+        arguments.extend([flag.into(), value.into()]);
+    }
+    run_anchor(args, &script, &arguments, &out)
+}
+
+impl Report {
+    fn print(&self, threads: usize) {
+        let million = self.passages as f64 / 1e6;
+        println!(
+            "{} passages x {} dimensions, {} queries, recall@{K} against the exact scan; graph: {} links \
+             per node, {} insertion candidates, {:?} vectors; {threads} threads",
+            self.passages,
+            self.dim,
+            self.queries,
+            self.ann.connectivity,
+            self.ann.expansion_add,
+            self.ann.quantization
+        );
+        let f = self.faiss.as_ref();
+        let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        let ratio =
+            |kart: f64, faiss: Option<f64>| faiss.map_or("-".to_string(), |f| format!("{:.2}x", kart / f));
+        let mib = |bytes: u64| bytes as f64 / million / (1 << 20) as f64;
+        println!("{:<38} {:>12} {:>12} {:>8}", "build", "kart", "faiss", "ratio");
+        let (build, faiss_build) = (self.kart.build_secs / million, f.map(|f| f.build_secs / million));
+        println!(
+            "{:<38} {:>12.1} {:>12} {:>8}",
+            "s per million passages",
+            build,
+            cell(faiss_build),
+            ratio(faiss_build.unwrap_or(f64::NAN), Some(build))
+        );
+        let (size, faiss_size) = (mib(self.kart.index_bytes), f.map(|f| mib(f.index_bytes)));
+        println!(
+            "{:<38} {:>12.1} {:>12} {:>8}",
+            "graph MiB per million passages",
+            size,
+            cell(faiss_size),
+            ratio(faiss_size.unwrap_or(f64::NAN), Some(size))
+        );
+        println!(
+            "{:>6} {:>10} {:>10} {:>7} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9}",
+            "ef",
+            "single",
+            "batch",
+            "recall",
+            "faiss 1",
+            "faiss b",
+            "recall",
+            "1 ratio",
+            "b ratio",
+            "vs exact"
+        );
+        for s in &self.kart.searches {
+            let a = f.and_then(|f| f.searches.iter().find(|x| x.expansion_search == s.expansion_search));
+            println!(
+                "{:>6} {:>10.1} {:>10.1} {:>7.3} {:>10} {:>10} {:>7} {:>8} {:>8} {:>8.1}x",
+                s.expansion_search,
+                s.single_qps,
+                s.batch_qps,
+                s.recall,
+                a.map_or("-".into(), |a| format!("{:.1}", a.single_qps)),
+                a.map_or("-".into(), |a| format!("{:.1}", a.batch_qps)),
+                a.map_or("-".into(), |a| format!("{:.3}", a.recall)),
+                ratio(s.single_qps, a.map(|a| a.single_qps)),
+                ratio(s.batch_qps, a.map(|a| a.batch_qps)),
+                s.batch_qps / self.exact_batch_qps
+            );
+        }
+        println!(
+            "exact scan: {:.1} QPS single (one thread), {:.1} QPS batched (all threads)",
+            self.exact_single_qps, self.exact_batch_qps
+        );
+        let best = self
+            .kart
+            .searches
+            .iter()
+            .filter(|s| s.recall >= RECALL_TARGET)
+            .max_by(|a, b| a.batch_qps.total_cmp(&b.batch_qps));
+        match best {
+            Some(s) => {
+                let speedup = s.batch_qps / self.exact_batch_qps;
+                let met = if speedup >= SPEEDUP_TARGET { "met" } else { "missed" };
+                println!(
+                    "target: recall@10 >= {RECALL_TARGET} at >= {SPEEDUP_TARGET}x the exact scan's QPS: ef {} gives \
+                     recall {:.3} at {speedup:.1}x ({met})",
+                    s.expansion_search, s.recall
+                );
+            }
+            None => println!(
+                "target: recall@10 >= {RECALL_TARGET} at >= {SPEEDUP_TARGET}x: no ef reaches the recall (missed)"
+            ),
+        }
+        let scale = WIKI18_PASSAGES / self.passages as f64;
+        println!(
+            "wiki-18 ({WIKI18_PASSAGES} passages x {} dims): the exact scan reads {:.1} GB of f32 per query; the graph \
+             takes {:.1} GB and builds in about {:.1} h on {threads} threads (linear in passages; HNSW grows slightly faster)",
+            self.dim,
+            WIKI18_PASSAGES * self.dim as f64 * 4.0 / 1e9,
+            self.kart.index_bytes as f64 * scale / 1e9,
+            self.kart.build_secs * scale / 3600.0
+        );
+    }
+}
