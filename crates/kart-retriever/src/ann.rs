@@ -61,8 +61,7 @@ fn build_with_checkpoints(
     index.reserve_capacity_and_threads(rows as usize, threads).map_err(|e| usearch_error(&partial, e))?;
     let start = index.size() as u64;
     let mut since_checkpoint = 0;
-    let embeddings = dir.join(EMBEDDINGS);
-    let crc = for_each_chunk(&embeddings, rows, dim, |first, values| {
+    for_each_chunk(&dir.join(EMBEDDINGS), rows, dim, manifest.embeddings_crc32, |first, values| {
         let first = first as u64;
         let end = first + (values.len() / dim) as u64;
         if end > start {
@@ -79,12 +78,6 @@ fn build_with_checkpoints(
         progress(end, rows);
         Ok(())
     })?;
-    if manifest.embeddings_crc32.is_some_and(|expected| expected != crc) {
-        return Err(RetrieverError::Index {
-            path: embeddings,
-            reason: "damaged: its CRC-32 is not the manifest's; rebuild the index".into(),
-        });
-    }
     save(&index, &graph)?;
     for path in [&partial, &settings] {
         if path.exists() {
@@ -190,11 +183,6 @@ impl Graph {
     /// Explores `n` candidates per query from now on.
     pub fn set_expansion_search(&self, n: usize) {
         self.index.change_expansion_search(n.max(1));
-    }
-
-    /// Bytes the graph and its vectors take.
-    pub fn memory_bytes(&self) -> usize {
-        self.index.memory_usage()
     }
 }
 
@@ -358,6 +346,27 @@ mod tests {
         let dot: f32 = queries[..DIM].iter().zip(row).map(|(a, b)| a * b).sum();
         assert!((score - dot).abs() < 1e-4, "{score} vs {dot}");
         assert!(found.iter().all(|f| f.windows(2).all(|w| w[0].1 >= w[1].1)), "best first");
+    }
+
+    #[test]
+    fn search_candidates_and_re_scoring_decide_how_close_to_exact() {
+        let (dir, vectors) = folder(3000);
+        build(dir.path(), &AnnConfig::default(), |_, _| {}).unwrap();
+        let manifest = Manifest::read(dir.path()).unwrap();
+        let queries = unit_vectors(100, 3);
+        let truth = exact(&vectors, &queries, 10);
+        let recall_of = |expansion_search, rerank| {
+            let graph = Graph::open(dir.path(), &manifest, expansion_search, rerank).unwrap();
+            recall(&graph.search(&queries, 10).unwrap(), &truth)
+        };
+        // Few candidates explored and only the 10 kept re-scored: the i8 graph's own ranking.
+        let narrow = recall_of(1, 0);
+        let wide = recall_of(256, 0);
+        let rescored = recall_of(1, 200);
+        let everything = recall_of(1, 3000);
+        assert!(narrow < wide && wide >= 0.95, "ef 1: {narrow}, ef 256: {wide}");
+        assert!(rescored > narrow, "re-scoring more candidates finds more neighbours: {rescored}");
+        assert!(everything >= 0.99, "every vector re-scored: {everything}");
     }
 
     #[test]

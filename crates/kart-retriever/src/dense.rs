@@ -305,32 +305,24 @@ fn read_embeddings(
     device: Device,
 ) -> Result<Tensor, RetrieverError> {
     let embeddings = Tensor::empty([rows as i64, dim as i64], (Kind::Float, device));
-    let crc = for_each_chunk(path, rows, dim, |start, values| {
+    for_each_chunk(path, rows, dim, crc32, |start, values| {
         let len = (values.len() / dim) as i64;
         embeddings.narrow(0, start as i64, len).copy_(&Tensor::from_slice(values).view([len, dim as i64]));
         Ok(())
     })?;
-    match crc32 {
-        Some(expected) if crc != expected => Err(RetrieverError::Index {
-            path: path.to_path_buf(),
-            reason: format!(
-                "damaged: CRC-32 {crc:08x}, but the manifest says {expected:08x}; rebuild the index with \
-                 `kart retriever index`"
-            ),
-        }),
-        _ => Ok(embeddings),
-    }
+    Ok(embeddings)
 }
 
 /// Reads the embeddings file `path` of `rows` x `dim` little-endian f32 a few thousand rows at a
-/// time, calling `f(first_row, values)` for each chunk; returns the file's CRC-32. A file of
-/// another size is refused.
+/// time, calling `f(first_row, values)` for each chunk. A file of another size is refused, and
+/// one whose CRC-32 is not `crc32` (when given) too, once read.
 pub(crate) fn for_each_chunk(
     path: &Path,
     rows: u64,
     dim: usize,
+    crc32: Option<u32>,
     mut f: impl FnMut(usize, &[f32]) -> Result<(), RetrieverError>,
-) -> Result<u32, RetrieverError> {
+) -> Result<(), RetrieverError> {
     let io_error = |source| RetrieverError::Io { path: path.to_path_buf(), source };
     let mut file = File::open(path).map_err(io_error)?;
     let size = file.metadata().map_err(io_error)?.len();
@@ -358,7 +350,17 @@ pub(crate) fn for_each_chunk(
         f(start as usize, &values)?;
         start += len as u64;
     }
-    Ok(crc.sum())
+    match crc32 {
+        Some(expected) if crc.sum() != expected => Err(RetrieverError::Index {
+            path: path.to_path_buf(),
+            reason: format!(
+                "damaged: CRC-32 {:08x}, but the manifest says {expected:08x}; rebuild the index with \
+                 `kart retriever index`",
+                crc.sum()
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

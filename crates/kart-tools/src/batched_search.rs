@@ -120,7 +120,7 @@ async fn answer(inner: &dyn Search, batch: Vec<Pending>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kart_core::agent::search_r1::document;
+    use crate::search::tests::hits;
     use std::sync::Mutex;
 
     /// A backend recording each request's queries; with a `gate`, each request waits for a permit.
@@ -143,16 +143,8 @@ mod tests {
                 if let Some(gate) = &self.gate {
                     gate.acquire().await.expect("open gate").forget();
                 }
-                let hits = |q: &String| {
-                    (0..topk)
-                        .map(|i| RetrievalResult {
-                            document: document(i.to_string(), format!("\"{q}\"\n")),
-                            score: 1.0,
-                        })
-                        .collect()
-                };
                 let n = if self.short { queries.len() - 1 } else { queries.len() };
-                Ok(queries[..n].iter().map(hits).collect())
+                Ok(queries[..n].iter().map(|q| hits(q, topk)).collect())
             })
         }
     }

@@ -124,10 +124,20 @@ impl Search for CachedSearch {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use kart_core::agent::search_r1::document;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// `topk` results for `query`, each titled with the query, as test backends answer.
+    pub(crate) fn hits(query: &str, topk: usize) -> Vec<RetrievalResult> {
+        (0..topk)
+            .map(|i| RetrievalResult {
+                document: document(i.to_string(), format!("\"{query}\"\n")),
+                score: 1.0,
+            })
+            .collect()
+    }
 
     /// A backend counting the queries that reach it.
     struct Counting(AtomicUsize);
@@ -135,15 +145,7 @@ mod tests {
     impl Search for Counting {
         fn search<'a>(&'a self, queries: &'a [String], topk: usize) -> Searched<'a> {
             self.0.fetch_add(queries.len(), Ordering::SeqCst);
-            let hits = |q: &String| {
-                (0..topk)
-                    .map(|i| RetrievalResult {
-                        document: document(i.to_string(), format!("\"{q}\"\n")),
-                        score: 1.0,
-                    })
-                    .collect()
-            };
-            Box::pin(std::future::ready(Ok(queries.iter().map(hits).collect())))
+            Box::pin(std::future::ready(Ok(queries.iter().map(|q| hits(q, topk)).collect())))
         }
     }
 

@@ -149,10 +149,11 @@ fn index(args: IndexArgs) -> anyhow::Result<ExitCode> {
         Method::Bm25 => kart_retriever::bm25::build(&args.corpus, &args.out, args.memory_mb << 20, progress)?,
         Method::Dense => {
             let finished = Manifest::read(&args.out)
-                .is_ok_and(|m| m.method == Method::Dense && m.embeddings_crc32.is_some());
-            let docs = if args.ann.is_some() && finished {
+                .ok()
+                .filter(|m| m.method == Method::Dense && m.embeddings_crc32.is_some());
+            let docs = if let Some(finished) = finished.filter(|_| args.ann.is_some()) {
                 println!("reusing the embeddings of the dense index in {}", args.out.display());
-                Manifest::read(&args.out)?.documents
+                finished.documents
             } else {
                 let encoder =
                     args.encoder.clone().context("--encoder: a dense index needs an encoder model folder")?;
