@@ -20,6 +20,9 @@
 #      reload from disk. With 2 GPUs or more and the `vllm` package, a real vLLM server on GPU 1
 #      (`VLLM_SERVER_DEV_MODE=1`, weight-transfer backend nccl) takes the same tensors from GPU 0
 #      through kart's NCCL communicator (`/init_weight_transfer_engine`, `/update_weights`).
+#   6. `kart bench retriever --dense --device cuda`: the dense index's exact scan in f16, sharded
+#      over every GPU, against its HNSW graph on the CPU (1M x 768 synthetic embeddings; faiss's
+#      HNSW too when faiss-cpu is installed).
 #
 # PEAK_TFLOPS sets the card's dense f32 peak for MFU (guessed for H100, H200, A100 and L40S).
 set -euo pipefail
@@ -96,3 +99,7 @@ if [ "$GPUS" -gt 1 ] && "$PY" -c 'import vllm' 2>/dev/null; then
 else
   echo "(no NCCL broadcast to vLLM: it needs 2 GPUs and the vllm package in $PY)"
 fi
+echo "== kart bench retriever --dense --device cuda: the exact scan over $GPUS GPU(s) in f16"
+DENSE=(--no-anchor)
+"$PY" -c 'import faiss' 2>/dev/null && DENSE=(--python "$PY")
+"$KART" bench retriever --dense --device cuda --ann-expansion-search 32,64 "${DENSE[@]}"

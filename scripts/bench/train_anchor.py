@@ -23,6 +23,7 @@ gradients); gradient clipping at norm 1; AdamW (lr 1e-6, weight decay 0.01). Log
 come from the full logits sliced to the response, as verl computes them.
 """
 
+import gc
 import json
 import os
 import sys
@@ -124,6 +125,11 @@ def main(model_dir, batch_path, steps, out, device_kind):
         with open(out, "w") as f:
             json.dump(report, f)
     if world > 1:
+        # Tear down together, and drop DDP (its reducer holds the group) first: a group left to
+        # the interpreter's finalisation can abort the process from Gloo's worker threads.
+        dist.barrier()
+        del trained
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -98,14 +98,17 @@ fn quick_train_bench_on_two_ranks_matches_ddp_and_reports_the_scaling() {
 }
 
 #[test]
-fn train_bench_on_cuda_without_a_gpu_says_so() {
-    let output = Command::new(binary("kart"))
-        .args(["bench", "train", "--quick", "--device", "cuda"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+fn benches_on_cuda_without_a_gpu_say_so() {
+    let run = |args: &[&str]| {
+        let output = Command::new(binary("kart")).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        stderr
+    };
+    let stderr = run(&["bench", "train", "--quick", "--device", "cuda"]);
     assert!(stderr.contains("--device cuda --ranks 1: 0 CUDA devices are visible"), "{stderr}");
+    let stderr = run(&["bench", "retriever", "--dense", "--passages", "10", "--device", "cuda"]);
+    assert!(stderr.contains("--device = cuda: "), "{stderr}");
 }
 
 #[test]
@@ -248,4 +251,6 @@ fn small_dense_bench_compares_the_graph_with_the_exact_scan_and_faiss() {
         assert!(report[side]["index_bytes"].as_u64().unwrap() > 3000 * 64 / 4, "{side}: {report}");
     }
     assert!(report["exact_batch_qps"].as_f64().unwrap() > 0.0);
+    assert_eq!(report["exact_on"], "Cpu Float", "the exact scan runs where --device says: {report}");
+    assert!(stdout.contains("exact scan (Cpu Float): "), "{stdout}");
 }

@@ -15,11 +15,11 @@
 //! a damaged file is an error naming it.
 //!
 //! [`build`] streams the corpus, encoding passages a few thousand at a time, so memory stays
-//! bounded whatever the corpus size. [`DenseIndex`] loads the embeddings into one tensor (on the GPU
-//! when it searches there) and scores each batch of queries against all of them with a matrix
-//! product and top-k, a slice of the corpus at a time; or, when the index has an approximate
-//! graph ([`crate::ann`], built by `kart retriever index --ann hnsw`), leaves the embeddings on disk
-//! and searches the graph.
+//! bounded whatever the corpus size. [`DenseIndex`] loads the embeddings for the exact scan of
+//! [`crate::flat`] (in f32 on the CPU; in f16, sharded over every GPU, with CUDA) and scores each
+//! batch of queries against all of them; or, when the index has an approximate graph
+//! ([`crate::ann`], built by `kart retriever index --ann hnsw`), leaves the embeddings on disk and
+//! searches the graph.
 //!
 //! ```no_run
 //! # use kart_core::config::retriever::EncoderConfig;
@@ -43,6 +43,7 @@ use crate::ann::Graph;
 use crate::corpus::CorpusReader;
 use crate::docstore::{DocStore, DocStoreWriter, FORMAT, Manifest};
 use crate::encoder::{Encoder, TextKind};
+use crate::flat::{FlatIndex, Placement};
 use crate::{LocalIndex, RetrieverError};
 use flate2::Crc;
 use kart_core::agent::search_r1::RetrievalResult;
@@ -52,7 +53,7 @@ use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::Path;
 use std::sync::Mutex;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 /// The embeddings' file name inside an index folder.
 pub const EMBEDDINGS: &str = "embeddings.f32";
@@ -63,9 +64,6 @@ const PASSAGES_PER_CALL: usize = 4096;
 
 /// Memory of the document store's writer (documents are stored, not analysed).
 const DOC_STORE_BUDGET: usize = 256 << 20;
-
-/// Most scores materialised at once while searching (queries x passages of one corpus slice).
-const SCORE_BUDGET: i64 = 1 << 26;
 
 /// Rows of the embeddings file read at a time.
 pub(crate) const READ_ROWS: usize = 16_384;
@@ -154,15 +152,16 @@ struct Search {
 
 /// How the embeddings are searched.
 enum Scan {
-    /// Every embedding, `(N, D)` f32, scored per query.
-    Exact(Tensor),
+    /// Every embedding, scored per query.
+    Exact(FlatIndex),
     /// The approximate graph.
     Graph(Graph),
 }
 
 impl DenseIndex {
     /// Opens an index folder built by [`build`], loading its encoder onto `device`, and its
-    /// embeddings too when it has no approximate graph; a graph explores `expansion_search`
+    /// embeddings too when it has no approximate graph ([`Placement::for_device`]: on CUDA, in f16
+    /// over every GPU); a graph explores `expansion_search`
     /// candidates per query and re-scores `rerank` of them exactly.
     pub fn open(
         dir: &Path,
@@ -202,8 +201,9 @@ impl DenseIndex {
                 "the manifest has no embeddings_crc32 (built by an older kart): the embeddings are not checked"
             );
         }
-        let embeddings = read_embeddings(&path, store.len(), dim, manifest.embeddings_crc32, device)?;
-        Ok(DenseIndex { store, search: Mutex::new(Search { encoder, scan: Scan::Exact(embeddings) }) })
+        let placement = Placement::for_device(device);
+        let flat = FlatIndex::read(&path, store.len(), dim, manifest.embeddings_crc32, &placement)?;
+        Ok(DenseIndex { store, search: Mutex::new(Search { encoder, scan: Scan::Exact(flat) }) })
     }
 
     /// The stored documents.
@@ -237,17 +237,7 @@ impl LocalIndex for DenseIndex {
                         .map_err(ModelError::from)?;
                     graph.search(&host, k)?
                 }
-                Scan::Exact(embeddings) => {
-                    let (scores, ordinals) = exact_top_k(&queries, embeddings, k as i64);
-                    let to_host = |t: Tensor| t.to_device(Device::Cpu).flatten(0, -1);
-                    let scores = Vec::<f32>::try_from(to_host(scores)).map_err(ModelError::from)?;
-                    let ordinals = Vec::<i64>::try_from(to_host(ordinals)).map_err(ModelError::from)?;
-                    scores
-                        .chunks(k)
-                        .zip(ordinals.chunks(k))
-                        .map(|(s, o)| o.iter().map(|&o| o as u64).zip(s.iter().copied()).collect())
-                        .collect()
-                }
+                Scan::Exact(flat) => flat.search(&queries, k)?,
             }
         };
         hits.into_iter()
@@ -266,51 +256,6 @@ impl LocalIndex for DenseIndex {
     fn num_docs(&self) -> u64 {
         self.store.len()
     }
-}
-
-/// The exact scan: the `k` highest inner products of each query `(Q, D)` with the embeddings
-/// `(N, D)`, best first, as `(scores, rows)`, both `(Q, k)`, with no more than a fixed budget of
-/// scores materialised at once whatever the corpus size.
-pub fn exact_top_k(queries: &Tensor, embeddings: &Tensor, k: i64) -> (Tensor, Tensor) {
-    top_k(queries, embeddings, k, SCORE_BUDGET / queries.size()[0].max(1))
-}
-
-/// The `k` highest inner products of each query `(Q, D)` with the embeddings `(N, D)`, best
-/// first, as `(scores, rows)`, both `(Q, k)`. The corpus is scored `slice` rows at a time.
-fn top_k(queries: &Tensor, embeddings: &Tensor, k: i64, slice: i64) -> (Tensor, Tensor) {
-    let n = embeddings.size()[0];
-    let slice = slice.max(k);
-    let (mut scores, mut rows) = (Vec::new(), Vec::new());
-    for start in (0..n).step_by(slice as usize) {
-        let len = slice.min(n - start);
-        let slice_scores = queries.matmul(&embeddings.narrow(0, start, len).tr());
-        let (best, best_rows) = slice_scores.topk(k.min(len), 1, true, true);
-        scores.push(best);
-        rows.push(best_rows + start);
-    }
-    if scores.len() == 1 {
-        return (scores.remove(0), rows.remove(0));
-    }
-    let (best, position) = Tensor::cat(&scores, 1).topk(k, 1, true, true);
-    (best, Tensor::cat(&rows, 1).gather(1, &position, false))
-}
-
-/// Reads `rows` x `dim` little-endian f32 from `path` into one tensor on `device`, refusing a
-/// file whose CRC-32 is not `crc32` (when given).
-fn read_embeddings(
-    path: &Path,
-    rows: u64,
-    dim: usize,
-    crc32: Option<u32>,
-    device: Device,
-) -> Result<Tensor, RetrieverError> {
-    let embeddings = Tensor::empty([rows as i64, dim as i64], (Kind::Float, device));
-    for_each_chunk(path, rows, dim, crc32, |start, values| {
-        let len = (values.len() / dim) as i64;
-        embeddings.narrow(0, start as i64, len).copy_(&Tensor::from_slice(values).view([len, dim as i64]));
-        Ok(())
-    })?;
-    Ok(embeddings)
 }
 
 /// Reads the embeddings file `path` of `rows` x `dim` little-endian f32 a few thousand rows at a
@@ -440,8 +385,11 @@ mod tests {
         // Scores are the inner products of the normalised embeddings.
         let search = index.search.lock().unwrap();
         let query = search.encoder.encode(&queries[..1], TextKind::Query).unwrap();
-        let Scan::Exact(embeddings) = &search.scan else { panic!("an index without a graph is scanned") };
-        let passage = embeddings.get(0);
+        assert!(matches!(search.scan, Scan::Exact(_)), "an index without a graph is scanned");
+        let bytes = std::fs::read(out.join(EMBEDDINGS)).unwrap();
+        let row: Vec<f32> =
+            bytes[..384 * 4].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let passage = Tensor::from_slice(&row);
         let expected = query.get(0).dot(&passage).double_value(&[]);
         assert!((hits[0][0].score - expected).abs() < 1e-5, "{} vs {expected}", hits[0][0].score);
     }
@@ -485,22 +433,6 @@ mod tests {
         }
         assert_eq!(index.search_batch(&queries, 0).unwrap(), vec![Vec::new(); 3]);
         assert!(index.search_batch(&[], 3).unwrap().is_empty());
-    }
-
-    #[test]
-    fn slicing_the_corpus_does_not_change_the_top_k() {
-        // Fixed, distinct values: a matrix product over a slice may round differently in the last
-        // bit, so the scores are compared within rounding and the rows exactly.
-        let fixed = |n: i64, step: f64| {
-            (Tensor::arange(n * 8, (Kind::Float, Device::Cpu)) * step).sin().reshape([n, 8])
-        };
-        let (embeddings, queries) = (fixed(1000, 0.77), fixed(3, 1.31));
-        let (whole, whole_rows) = top_k(&queries, &embeddings, 5, 1000);
-        let (sliced, sliced_rows) = top_k(&queries, &embeddings, 5, 37);
-        assert!(whole_rows.equal(&sliced_rows), "{whole_rows} vs {sliced_rows}");
-        assert!(whole.allclose(&sliced, 1e-5, 1e-6, false), "{whole} vs {sliced}");
-        let (_, exact) = queries.matmul(&embeddings.tr()).topk(5, 1, true, true);
-        assert!(exact.equal(&whole_rows));
     }
 
     #[test]
@@ -550,16 +482,23 @@ mod tests {
         file.into_inner().unwrap().sync_all().unwrap();
         let crc32 = crc.sum();
 
-        let read = read_embeddings(&path, rows, dim, Some(crc32), Device::Cpu).unwrap();
-        assert_eq!(Vec::<f32>::try_from(read.flatten(0, -1)).unwrap(), values);
-        let unchecked = read_embeddings(&path, rows, dim, None, Device::Cpu);
-        assert!(unchecked.is_ok(), "an index without a checksum is read unchecked");
+        let read = |crc32| {
+            let mut read = Vec::new();
+            for_each_chunk(&path, rows, dim, crc32, |first, values| {
+                assert_eq!(first * dim, read.len());
+                read.extend_from_slice(values);
+                Ok(())
+            })
+            .map(|()| read)
+        };
+        assert_eq!(read(Some(crc32)).unwrap(), values);
+        assert!(read(None).is_ok(), "an index without a checksum is read unchecked");
 
         // One flipped bit past the first slice of rows read.
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[READ_ROWS * dim * 4 + 5] ^= 0x10;
         std::fs::write(&path, bytes).unwrap();
-        let err = read_embeddings(&path, rows, dim, Some(crc32), Device::Cpu).err().unwrap().to_string();
+        let err = read(Some(crc32)).err().unwrap().to_string();
         let expected = format!("{}: damaged: CRC-32 ", path.display());
         assert!(err.starts_with(&expected), "{err}");
         assert!(err.contains(&format!("the manifest says {crc32:08x}")), "{err}");

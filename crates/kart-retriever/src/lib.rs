@@ -6,7 +6,8 @@
 //! - [`docstore`]: the documents stored beside every local index;
 //! - [`bm25`]: building and searching the BM25 index, with top-k by window-max MaxScore (`max_score`);
 //! - [`encoder`] and [`dense`]: sentence embeddings and the dense inner-product index, scanned
-//!   exactly or through [`ann`]'s approximate graph (HNSW, usearch);
+//!   exactly by [`flat`] (sharded over every GPU with CUDA) or through [`ann`]'s approximate graph
+//!   (HNSW, usearch);
 //! - [`online`]: Serper web search and page reading (Jina reader or direct fetch), cached;
 //! - [`local_pages`]: ASearcher's local pages file, for `/access` without the web;
 //! - [`server`]: the HTTP service.
@@ -23,6 +24,7 @@ pub mod dense;
 pub mod docstore;
 pub mod encoder;
 mod error;
+pub mod flat;
 mod in_process;
 pub mod local_pages;
 pub mod max_score;

@@ -6,8 +6,9 @@
 //! 64-dimensional subspace, drawn around 1024 topics (a random linear map of Gaussian points
 //! around Gaussian topic centres, plus noise in every dimension), as sentence embeddings
 //! concentrate near a low-dimensional manifold in clusters; queries are drawn the same way. No encoder runs: its cost is the same for both searches (`kart bench encoder` measures
-//! it). The exact scan is the dense index's own ([`kart_retriever::dense::exact_top_k`]) and gives
-//! the true neighbours recall is measured against. The anchor (`scripts/bench/dense_anchor.py`)
+//! it). The exact scan is the dense index's own ([`kart_retriever::flat::FlatIndex`]: f32 on the
+//! CPU, f16 sharded over every GPU with `--device cuda`) and gives the true neighbours recall is
+//! measured against. The anchor (`scripts/bench/dense_anchor.py`)
 //! builds faiss's HNSW with the same links per node, insertion and search candidates, inner
 //! product and vector type, and is timed the same ways: single queries one at a time on one
 //! thread, and batches on every core.
@@ -16,8 +17,9 @@ use super::retriever::{Args, WorkDir, folder_size, progress_bar, run_anchor};
 use anyhow::Context;
 use kart_core::config::retriever::{AnnConfig, AnnQuantization, Method};
 use kart_retriever::ann::{self, Graph};
-use kart_retriever::dense::{EMBEDDINGS, exact_top_k};
+use kart_retriever::dense::EMBEDDINGS;
 use kart_retriever::docstore::{FORMAT, Manifest};
+use kart_retriever::flat::{FlatIndex, Placement};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{BufWriter, Write};
@@ -71,6 +73,8 @@ struct Report {
     dim: usize,
     ann: AnnConfig,
     rerank: usize,
+    /// Where the exact scan ran, e.g. `Cpu f32` or `2 x Cuda f16`.
+    exact_on: String,
     exact_single_qps: f64,
     exact_batch_qps: f64,
     kart: Measures,
@@ -79,6 +83,7 @@ struct Report {
 
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.dim > 0, "--dim must be at least 1");
+    let placement = Placement::for_device(kart_torch::choose("dense bench", "--device", args.device, 0)?);
     let work = WorkDir::new(args.work.clone())?;
     let dir = work.path.join("dense");
     if dir.exists() {
@@ -95,11 +100,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     tracing::info!(passages = n, dim, "writing the synthetic embeddings");
     let bar = progress_bar("{spinner} embeddings [{elapsed_precise}] {bar:40} {pos}/{len}");
     bar.set_length(n as u64);
-    let embeddings = Tensor::empty([n, dim], (Kind::Float, Device::Cpu));
     let mut file = BufWriter::new(std::fs::File::create(dir.join(EMBEDDINGS))?);
     for start in (0..n).step_by(CHUNK as usize) {
         let rows = synthetic(&basis, &topics, CHUNK.min(n - start));
-        embeddings.narrow(0, start, rows.size()[0]).copy_(&rows);
         file.write_all(&le_bytes(&rows)?)?;
         bar.set_position((start + rows.size()[0]) as u64);
     }
@@ -121,14 +124,21 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     std::fs::write(&queries_path, le_bytes(&queries)?)?;
 
     // The exact scan: the true neighbours, and its speed.
+    let flat = FlatIndex::read(&dir.join(EMBEDDINGS), n as u64, args.dim, None, &placement)?;
+    let queries_on = queries.to_device(placement.devices[0]);
+    let exact_on = match placement.devices.as_slice() {
+        [device] => format!("{device:?} {:?}", placement.kind),
+        devices => format!("{} x {:?} {:?}", devices.len(), devices[0], placement.kind),
+    };
+    flat.search(&queries_on.narrow(0, 0, 1), K)?; // warm-up
     tracing::info!(queries = args.queries, "exact scan, batched");
     let started = Instant::now();
     let mut truth: Vec<Vec<u64>> = Vec::with_capacity(args.queries as usize);
     for start in (0..queries.size()[0]).step_by(args.batch) {
-        let batch = queries.narrow(0, start, (args.batch as i64).min(queries.size()[0] - start));
-        let (_, rows) = exact_top_k(&batch, &embeddings, K as i64);
-        let rows = Vec::<i64>::try_from(rows.flatten(0, -1))?;
-        truth.extend(rows.chunks(K).map(|r| r.iter().map(|&i| i as u64).collect()));
+        let batch = queries_on.narrow(0, start, (args.batch as i64).min(queries.size()[0] - start));
+        truth.extend(
+            flat.search(&batch, K)?.into_iter().map(|hits| hits.into_iter().map(|(row, _)| row).collect()),
+        );
     }
     let exact_batch_qps = args.queries as f64 / started.elapsed().as_secs_f64();
     let single = (args.queries as usize).min(100);
@@ -136,11 +146,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     tch::set_num_threads(1);
     let started = Instant::now();
     for i in 0..single as i64 {
-        let _ = exact_top_k(&queries.narrow(0, i, 1), &embeddings, K as i64);
+        flat.search(&queries_on.narrow(0, i, 1), K)?;
     }
     let exact_single_qps = single as f64 / started.elapsed().as_secs_f64();
     tch::set_num_threads(threads as i32);
-    drop(embeddings);
+    drop((flat, queries_on));
     let truth_path = work.path.join("truth.txt");
     let lines: Vec<String> =
         truth.iter().map(|r| r.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")).collect();
@@ -200,6 +210,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         dim: args.dim,
         ann,
         rerank: args.ann_rerank,
+        exact_on,
         exact_single_qps,
         exact_batch_qps,
         kart,
@@ -340,8 +351,8 @@ impl Report {
             );
         }
         println!(
-            "exact scan: {:.1} QPS single (one thread), {:.1} QPS batched (all threads)",
-            self.exact_single_qps, self.exact_batch_qps
+            "exact scan ({}): {:.1} QPS single (one thread), {:.1} QPS batched (all threads)",
+            self.exact_on, self.exact_single_qps, self.exact_batch_qps
         );
         let best = self
             .kart

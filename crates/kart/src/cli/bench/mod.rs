@@ -10,6 +10,7 @@ mod rollout;
 mod sync;
 mod train;
 
+use kart_core::config::train::Device;
 use std::process::ExitCode;
 
 /// Measure kart against a reference implementation on the same machine, in the same run.
@@ -21,6 +22,15 @@ pub enum Command {
     Rollout(rollout::Args),
     Sync(sync::Args),
     Train(train::Args),
+}
+
+/// A benchmark's `--device`: `cpu` or `cuda`.
+fn parse_device(s: &str) -> Result<Device, String> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda),
+        other => Err(format!("`{other}` is neither `cpu` nor `cuda`")),
+    }
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {

@@ -12,6 +12,7 @@ use crate::cli::retriever::Quantization;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use kart_core::config::retriever::{AnnConfig, RetrieverConfig};
+use kart_core::config::train::Device;
 use kart_retriever::LocalIndex;
 use kart_retriever::bm25::{self, Bm25Index};
 use rayon::prelude::*;
@@ -92,6 +93,10 @@ pub struct Args {
     /// Candidates re-scored exactly against the f32 embeddings (--dense; at least 10 are).
     #[arg(long, default_value_t = RetrieverConfig::default().ann_rerank)]
     pub(super) ann_rerank: usize,
+    /// Where the exact scan runs (--dense): `cpu`, or `cuda` (f16, sharded over every visible
+    /// GPU, as a dense index is served there).
+    #[arg(long, default_value = "cpu", value_parser = super::parse_device)]
+    pub(super) device: Device,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {

@@ -22,7 +22,7 @@ use super::anchor::{AnchorArgs, Row, check_python, median, print_rows};
 use super::model::random_model;
 use anyhow::Context;
 use kart_core::config::rollout::WeightDownloadConfig;
-use kart_core::config::train::InferenceServer;
+use kart_core::config::train::{Device, InferenceServer};
 use kart_http::Readiness;
 use kart_model::config::BENCHMARK_SIZES;
 use kart_model::{CausalLm, EmbeddedEngine, QwenSizes};
@@ -72,8 +72,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', requires = "model_dir")]
     vllm_urls: Vec<String>,
     /// Where the trainer's tensors are: `cpu` (Gloo) or `cuda` (NCCL; the servers on other GPUs).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
-    device: String,
+    #[arg(long, default_value = "cpu", value_parser = super::parse_device)]
+    device: Device,
     #[command(flatten)]
     anchor: AnchorArgs,
 }
@@ -122,7 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !model_dir.join("config.json").exists() {
         random_model(&model_dir, sizes, vocab, args.anchor.seed)?;
     }
-    let device = if args.device == "cuda" { tch::Device::Cuda(0) } else { tch::Device::Cpu };
+    let device = if args.device == Device::Cuda { tch::Device::Cuda(0) } else { tch::Device::Cpu };
     let policy = CausalLm::load(&model_dir, device)?;
     let tokenizer = kart_tokenizer::Tokenizer::load(&model_dir)?;
     let repeats = args.anchor.or(args.repeats, 3, 1);

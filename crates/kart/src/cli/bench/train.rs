@@ -26,6 +26,7 @@
 
 use super::anchor::{AnchorArgs, Row, check_python, print_rows};
 use super::model::{parameter_count, random_model};
+use super::parse_device;
 use crate::cli::launch::{self, NprocPerNode};
 use anyhow::{Context, bail};
 use kart_core::agent::trajectory::Trajectory;
@@ -101,14 +102,6 @@ enum Shape {
     /// Qwen2.5-0.5B's shape.
     #[value(name = "qwen2.5-0.5b")]
     Qwen25HalfB,
-}
-
-fn parse_device(s: &str) -> Result<Device, String> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda),
-        other => Err(format!("`{other}` is neither `cpu` nor `cuda`")),
-    }
 }
 
 /// The model and batch.
