@@ -191,6 +191,15 @@ fn retriever_rules() {
         None,
         "needs config.encoder.model",
     );
+    let dense = json!({"config": {"method": "dense", "encoder": {"model": "/m"}}, "corpus": "/c",
+        "index": {"ann": {"connectivity": 16, "quantization": "f16"}}});
+    assert_eq!(violations("Retriever", dense.clone(), None), Vec::<String>::new());
+    let mut bm25 = dense.clone();
+    bm25["config"] = json!({"method": "bm25"});
+    assert_rejected("Retriever", bm25, None, "index.ann builds an approximate graph over a dense index");
+    let mut prebuilt = dense;
+    prebuilt["index"]["prebuilt"] = json!(true);
+    assert_rejected("Retriever", prebuilt, None, "index.prebuilt false");
 }
 
 #[test]

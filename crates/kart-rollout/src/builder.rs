@@ -18,8 +18,8 @@ impl TrajectoryBuilder {
         TrajectoryBuilder { trajectory: Trajectory::new(id, prompt_id, prompt_ids), tokenizer }
     }
 
-    /// Appends a model turn and returns its text (the decoding of exactly those tokens).
-    pub fn push_model(&mut self, output: &EngineOutput) -> Result<String, BuildError> {
+    /// Appends a model turn.
+    pub fn push_model(&mut self, output: &EngineOutput) -> Result<(), BuildError> {
         let g = &output.generation;
         let mut start = 0;
         for &(tokens, version) in &output.earlier {
@@ -29,7 +29,7 @@ impl TrajectoryBuilder {
         }
         self.trajectory.push_model(&g.token_ids[start..], &g.logprobs[start..], output.version)?;
         self.trajectory.stats.turns += 1;
-        Ok(self.tokenizer.decode(&g.token_ids, false)?)
+        Ok(())
     }
 
     /// Appends environment text (observation, hint, tool output), keeping at most `max_tokens` of

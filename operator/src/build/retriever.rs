@@ -86,6 +86,31 @@ pub fn validate(ret: &Retriever) -> Result<(), InvalidSpec> {
             "a bm25 or dense retriever needs a corpus to index",
         ));
     }
+    if let Some(ann) = &spec.index.ann {
+        let value = || serde_json::to_string(ann).expect("the config serialises");
+        if spec.config.method != Method::Dense || spec.index.prebuilt {
+            return Err(InvalidSpec::new(
+                "spec.index.ann",
+                value(),
+                "an approximate graph is built over a dense index the Job builds: config.method must \
+                 be dense and index.prebuilt false",
+            ));
+        }
+        if ann.connectivity < 2 {
+            return Err(InvalidSpec::new(
+                "spec.index.ann.connectivity",
+                ann.connectivity,
+                "must be at least 2",
+            ));
+        }
+        if ann.expansion_add < 1 {
+            return Err(InvalidSpec::new(
+                "spec.index.ann.expansion_add",
+                ann.expansion_add,
+                "must be at least 1",
+            ));
+        }
+    }
     if spec.config.method == Method::Dense && spec.config.encoder.model.is_none() {
         return Err(InvalidSpec::new(
             "spec.config.encoder.model",
@@ -180,6 +205,19 @@ fn index_job(ret: &Retriever, settings: &Settings, name: &str, claim_name: &str)
     if let (Method::Dense, Some(model)) = (spec.config.method, &spec.config.encoder.model) {
         args.extend(["--encoder".into(), model.display().to_string()]);
     }
+    if let Some(ann) = &spec.index.ann {
+        let quantization = serde_json::to_value(ann.quantization).expect("the config serialises");
+        args.extend([
+            "--ann".into(),
+            "hnsw".into(),
+            "--ann-connectivity".into(),
+            ann.connectivity.to_string(),
+            "--ann-expansion-add".into(),
+            ann.expansion_add.to_string(),
+            "--ann-quantization".into(),
+            quantization.as_str().expect("a unit variant").into(),
+        ]);
+    }
     let pod = template(
         settings,
         &spec.pod,
@@ -208,6 +246,7 @@ fn index_job(ret: &Retriever, settings: &Settings, name: &str, claim_name: &str)
 mod tests {
     use super::*;
     use crate::build::fixtures;
+    use kart_core::config::retriever::{AnnConfig, AnnQuantization};
 
     fn args(job: &Job) -> Vec<String> {
         let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
@@ -284,6 +323,32 @@ mod tests {
         let c = children(&ret, &Settings::default()).unwrap();
         let a = args(c.index_job.as_ref().unwrap());
         assert_eq!(&a[4..], ["--method", "dense", "--out", INDEX_DIR, "--encoder", "/models/e5"]);
+
+        // An approximate graph is built by the same Job, with the spec's settings.
+        ret.spec.index.ann =
+            Some(AnnConfig { connectivity: 16, expansion_add: 64, quantization: AnnQuantization::F16 });
+        let c = children(&ret, &Settings::default()).unwrap();
+        let a = args(c.index_job.as_ref().unwrap());
+        assert_eq!(
+            &a[10..],
+            [
+                "--ann",
+                "hnsw",
+                "--ann-connectivity",
+                "16",
+                "--ann-expansion-add",
+                "64",
+                "--ann-quantization",
+                "f16"
+            ]
+        );
+        ret.spec.index.ann = Some(AnnConfig { connectivity: 1, ..AnnConfig::default() });
+        let err = children(&ret, &Settings::default()).unwrap_err().to_string();
+        assert!(err.contains("spec.index.ann.connectivity") && err.contains('1'), "{err}");
+        ret.spec.index.ann = Some(AnnConfig::default());
+        ret.spec.index.prebuilt = true;
+        let err = children(&ret, &Settings::default()).unwrap_err().to_string();
+        assert!(err.contains("spec.index.ann") && err.contains("index.prebuilt false"), "{err}");
 
         let mut ret = fixtures::retriever();
         ret.spec.config.method = Method::Serper;

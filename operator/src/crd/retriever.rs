@@ -4,7 +4,7 @@
 use super::pod::PodOverrides;
 use super::schema::embedded;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kart_core::config::retriever::RetrieverConfig;
+use kart_core::config::retriever::{AnnConfig, RetrieverConfig};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -34,6 +34,10 @@ use serde::{Deserialize, Serialize};
     {
         "rule": "!has(self.config) || !has(self.config.method) || self.config.method == 'serper' || has(self.corpus) || (has(self.index) && has(self.index.prebuilt) && self.index.prebuilt)",
         "message": "a bm25 or dense retriever needs spec.corpus to build its index (or index.prebuilt: true)"
+    },
+    {
+        "rule": "!has(self.index) || !has(self.index.ann) || (has(self.config) && has(self.config.method) && self.config.method == 'dense' && !(has(self.index.prebuilt) && self.index.prebuilt))",
+        "message": "index.ann builds an approximate graph over a dense index the Job builds: config.method must be dense and index.prebuilt false"
     },
     {
         "rule": "!has(self.config) || !has(self.config.method) || self.config.method != 'dense' || (has(self.config.encoder) && has(self.config.encoder.model))",
@@ -82,6 +86,13 @@ pub struct IndexVolume {
     /// The claim already holds an index: no index-build Job runs.
     #[serde(default)]
     pub prebuilt: bool,
+    /// A dense index's approximate graph (HNSW), built by the index-build Job after the
+    /// embeddings (`kart retriever index --ann hnsw`) and searched instead of the exact scan, with
+    /// `config.ann_expansion_search` and `config.ann_rerank`; for corpora a flat scan cannot serve.
+    /// Read when the Job runs: an index already built keeps what it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "embedded::<AnnConfig>")]
+    pub ann: Option<AnnConfig>,
 }
 
 impl Default for IndexVolume {
@@ -92,6 +103,7 @@ impl Default for IndexVolume {
             storage_class_name: None,
             access_modes: default_access_modes(),
             prebuilt: false,
+            ann: None,
         }
     }
 }

@@ -71,12 +71,16 @@ impl Protocol for SearchR1Episode<'_> {
 
     /// Keeps a turn's tokens up to the one that completes its first action, as upstream's text cut
     /// does; the tokens after it were generated (without stop strings) but are not part of the turn.
-    fn cut(&self, ctx: &Context, mut output: EngineOutput) -> Result<EngineOutput, RolloutError> {
+    fn cut(
+        &self,
+        ctx: &Context,
+        mut output: EngineOutput,
+        text: String,
+    ) -> Result<(EngineOutput, String), RolloutError> {
         let g = &mut output.generation;
-        let text = ctx.tokenizer.decode(&g.token_ids, false)?;
         let cut = postprocess(&text).len();
         if cut == text.len() {
-            return Ok(output);
+            return Ok((output, text));
         }
         let mut stream = ctx.tokenizer.decode_stream(false);
         let mut seen = 0;
@@ -89,7 +93,8 @@ impl Protocol for SearchR1Episode<'_> {
                 break;
             }
         }
-        Ok(output)
+        let text = ctx.tokenizer.decode(&g.token_ids, false)?;
+        Ok((output, text))
     }
 
     async fn respond(&mut self, ctx: &Context, turn: Generated<'_>) -> Result<Next, RolloutError> {

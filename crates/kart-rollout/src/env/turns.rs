@@ -69,9 +69,15 @@ pub trait Protocol: Send {
     /// The next turn, or `None` when the episode is over.
     fn next_turn(&mut self) -> Option<Turn>;
 
-    /// The part of a generation that is the turn (all of it, unless the protocol cuts turns).
-    fn cut(&self, _ctx: &Context, output: EngineOutput) -> Result<EngineOutput, RolloutError> {
-        Ok(output)
+    /// The part of a generation that is the turn (all of it, unless the protocol cuts turns), with
+    /// its text; `text` is the decoding of all of `output`'s tokens.
+    fn cut(
+        &self,
+        _ctx: &Context,
+        output: EngineOutput,
+        text: String,
+    ) -> Result<(EngineOutput, String), RolloutError> {
+        Ok((output, text))
     }
 
     /// Answers a generated `turn`.
@@ -208,15 +214,18 @@ async fn turns<P: Protocol>(
             stop_token_ids: Vec::new(),
             ignore_eos: false,
         };
-        let output = match retry::generate(ctx.engine.as_ref(), request, &ctx.retry).await {
-            Ok(output) => protocol.cut(ctx, output)?,
+        let (output, text) = match retry::generate(ctx.engine.as_ref(), request, &ctx.retry).await {
+            Ok(output) => {
+                let text = ctx.tokenizer.decode(&output.generation.token_ids, false)?;
+                protocol.cut(ctx, output, text)?
+            }
             Err(e) => {
                 tracing::warn!(error = %e, task = %task.id, "engine failed; trajectory aborted");
                 return Ok(Status::Aborted);
             }
         };
         let cut_by_cap = output.generation.finish_reason == FinishReason::Length && budget > room_left;
-        let text = b.push_model(&output)?;
+        b.push_model(&output)?;
         let turn = Generated {
             text: &text,
             generation: &output.generation,
