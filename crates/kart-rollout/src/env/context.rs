@@ -232,6 +232,79 @@ mod tests {
         }
     }
 
+    /// A search tool holding every call until released, recording each call's query count and
+    /// the calls in flight.
+    #[derive(Default)]
+    struct Held {
+        in_flight: AtomicUsize,
+        calls: std::sync::Mutex<Vec<usize>>,
+        release: Option<tokio::sync::watch::Receiver<bool>>,
+    }
+
+    impl Search for Held {
+        fn search<'a>(&'a self, queries: &'a [String], topk: usize) -> Searched<'a> {
+            Box::pin(async move {
+                self.calls.lock().unwrap().push(queries.len());
+                self.in_flight.fetch_add(1, Ordering::SeqCst);
+                let mut release = self.release.clone().expect("a release signal");
+                release.wait_for(|released| *released).await.expect("the test holds the sender");
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                FixedSearch { id: "1".into(), ok: true }.search(queries, topk).await
+            })
+        }
+    }
+
+    /// Yields to the other tasks until `done` holds, failing after many rounds.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..10_000 {
+            if done() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("never happened: {what}");
+    }
+
+    #[tokio::test]
+    async fn search_concurrency_bounds_the_requests_in_flight() {
+        for limit in [2, 8] {
+            let (release, released) = tokio::sync::watch::channel(false);
+            let held = Arc::new(Held { release: Some(released), ..Held::default() });
+            let config = ContextConfig {
+                search_concurrency: limit,
+                search_cache_entries: 0,
+                ..ContextConfig::default()
+            };
+            let ctx = Arc::new(build(&config, Some(held.clone())).await.unwrap());
+            let search = |query: &str| {
+                let (ctx, query) = (ctx.clone(), query.to_string());
+                tokio::spawn(async move { ctx.search.as_ref().unwrap().search(&[query], 3).await })
+            };
+            let mut searches = vec![search("a")];
+            until("a is searched", || held.in_flight.load(Ordering::SeqCst) == 1).await;
+            searches.push(search("b"));
+            until("b is searched", || held.in_flight.load(Ordering::SeqCst) == 2).await;
+            searches.extend(["c", "d", "e"].map(search));
+            if limit > 2 {
+                until("c goes out at once", || held.in_flight.load(Ordering::SeqCst) >= 3).await;
+            } else {
+                for _ in 0..100 {
+                    tokio::task::yield_now().await;
+                }
+                assert_eq!(held.in_flight.load(Ordering::SeqCst), 2, "c, d and e wait for a free request");
+            }
+            release.send(true).unwrap();
+            for search in searches {
+                assert_eq!(search.await.unwrap().unwrap().len(), 1);
+            }
+            let calls = held.calls.lock().unwrap().clone();
+            assert_eq!(calls.iter().sum::<usize>(), 5, "{calls:?}");
+            if limit == 2 {
+                assert_eq!(calls, [1, 1, 3], "c, d and e left together when a request finished");
+            }
+        }
+    }
+
     #[tokio::test]
     async fn tools_follow_the_config() {
         let ctx = build(&ContextConfig::default(), None).await.unwrap();
