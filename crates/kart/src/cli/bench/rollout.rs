@@ -191,7 +191,6 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
     let answer = tokenizer.encode("<think> Found it. </think>\n<answer> somewhere </answer>", false)?;
     let engine = Arc::new(ReplayEngine { latency, timer, searches, answer });
     ctx.engine = engine.clone();
-    let ctx = Arc::new(ctx);
     let env: Arc<dyn Environment> = Arc::new(env);
 
     println!(
@@ -245,7 +244,9 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
         }
         let engine_only = started.elapsed().as_secs_f64();
 
-        // kart's agent loop.
+        // kart's agent loop, with none of its prompts tokenised before: every trajectory here has
+        // a prompt of its own (no groups), as the first of a group has.
+        let ctx = Arc::new(EnvContext { prompts: Default::default(), ..ctx.clone() });
         let (started, cpu_started) = (Instant::now(), cpu_seconds());
         let mut jobs = tokio::task::JoinSet::new();
         let semaphore = Arc::new(tokio::sync::Semaphore::new(c));
