@@ -161,8 +161,8 @@ enum Scan {
 impl DenseIndex {
     /// Opens an index folder built by [`build`], loading its encoder onto `device`, and its
     /// embeddings too when it has no approximate graph ([`Placement::for_device`]: on CUDA, in f16
-    /// over every GPU); a graph explores `expansion_search`
-    /// candidates per query and re-scores `rerank` of them exactly.
+    /// over every GPU); a graph explores `expansion_search` candidates per query and re-scores
+    /// `rerank` of them exactly.
     pub fn open(
         dir: &Path,
         device: Device,
