@@ -8,6 +8,8 @@ use futures::future::BoxFuture;
 use kart_core::agent::search_r1::RetrievalResult;
 use kart_core::tool::{Access, Search, Searched, ToolError};
 use lru::LruCache;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -35,15 +37,25 @@ impl HttpRetriever {
         }
     }
 
-    async fn post(&self, tool: &'static str, url: &str, payload: &Value) -> Result<Value, ToolError> {
+    /// `POST`s `payload` to `url`; the 2xx answer's body parsed as `T` straight from its bytes.
+    async fn post<T: DeserializeOwned>(
+        &self,
+        tool: &'static str,
+        url: &str,
+        payload: &Value,
+    ) -> Result<T, ToolError> {
         let error = |reason: String| ToolError { tool, reason };
         let response = self.client.post(url).json(payload).send().await.map_err(|e| error(e.to_string()))?;
         let status = response.status();
-        let body: Value = response.json().await.map_err(|e| error(format!("invalid response body: {e}")))?;
+        let body = response.bytes().await.map_err(|e| error(format!("reading the response body: {e}")))?;
         if !status.is_success() {
-            return Err(error(format!("{url} answered {status}: {}", body["error"]["message"])));
+            let message = match serde_json::from_slice::<Value>(&body) {
+                Ok(body) => body["error"]["message"].to_string(),
+                Err(_) => String::from_utf8_lossy(&body).trim().chars().take(500).collect(),
+            };
+            return Err(error(format!("{url} answered {status}: {message}")));
         }
-        Ok(body)
+        serde_json::from_slice(&body).map_err(|e| error(format!("invalid response body: {e}")))
     }
 }
 
@@ -52,9 +64,8 @@ impl Search for HttpRetriever {
         Box::pin(async move {
             // Exactly what Search-R1's generation.py posts.
             let payload = json!({"queries": queries, "topk": topk, "return_scores": true});
-            let body = self.post("search", &self.retrieve_url, &payload).await?;
-            serde_json::from_value(body["result"].clone())
-                .map_err(|e| ToolError { tool: "search", reason: format!("unexpected `result`: {e}") })
+            let answer: Retrieved = self.post("search", &self.retrieve_url, &payload).await?;
+            Ok(answer.result)
         })
     }
 }
@@ -62,7 +73,7 @@ impl Search for HttpRetriever {
 impl Access for HttpRetriever {
     fn access<'a>(&'a self, url: &'a str) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
-            let body = self.post("access", &self.access_url, &json!({"urls": [url]})).await?;
+            let body: Value = self.post("access", &self.access_url, &json!({"urls": [url]})).await?;
             let page = &body["result"][0];
             match page["page"].as_str() {
                 Some(text) => Ok(text.to_string()),
@@ -73,6 +84,12 @@ impl Access for HttpRetriever {
             }
         })
     }
+}
+
+/// `/retrieve`'s answer, as Search-R1's `retrieval_server.py` writes it (other keys ignored).
+#[derive(Deserialize)]
+struct Retrieved {
+    result: Vec<Vec<RetrievalResult>>,
 }
 
 /// Search results by query and topk.
@@ -172,6 +189,34 @@ pub(crate) mod tests {
             search.search(&["a".to_string()], 2).await.unwrap();
         }
         assert_eq!(index.0.load(Ordering::SeqCst), 3, "every query reached the index");
+    }
+
+    #[tokio::test]
+    async fn answers_are_read_as_search_r1_writes_them_and_refusals_are_named() {
+        use crate::functions::http::tests::serve;
+        let hit = r#"{"result": [[{"document": {"id": "7", "contents": "\"Paris\"\nParis is the capital.", "url": "u"}, "score": 2.5}]], "took": 1}"#;
+        let (url, seen) = serve(vec![
+            (200, hit),
+            (422, r#"{"error": {"message": "topk = 0: must be at least 1"}}"#),
+            (502, "bad gateway"),
+            (200, r#"{"result": 3}"#),
+        ]);
+        let retriever = HttpRetriever::new(url.trim_end_matches("/call"), Duration::from_secs(5));
+        let queries = ["capital of france".to_string()];
+        let hits = retriever.search(&queries, 1).await.unwrap();
+        assert_eq!((hits[0][0].document.id.as_str(), hits[0][0].score), ("7", 2.5));
+        assert_eq!(hits[0][0].document.fields["url"], "u", "the row's other fields are kept");
+        let sent: Value = serde_json::from_str(&seen.lock().unwrap()[0]).unwrap();
+        assert_eq!(sent, json!({"queries": queries, "topk": 1, "return_scores": true}));
+        let err = retriever.search(&queries, 1).await.unwrap_err().reason;
+        assert!(
+            err.ends_with("answered 422 Unprocessable Entity: \"topk = 0: must be at least 1\""),
+            "{err}"
+        );
+        let err = retriever.search(&queries, 1).await.unwrap_err().reason;
+        assert!(err.ends_with("answered 502 Bad Gateway: bad gateway"), "{err}");
+        let err = retriever.search(&queries, 1).await.unwrap_err().reason;
+        assert!(err.starts_with("invalid response body: "), "{err}");
     }
 
     #[tokio::test]

@@ -55,7 +55,7 @@ impl Function for HttpFunction {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use kart_core::config::retry::RetryPolicy;
     use serde_json::json;
@@ -65,7 +65,7 @@ mod tests {
 
     /// An HTTP server answering each request with the next of `replies` (status, body), recording
     /// the bodies it was sent.
-    fn serve(replies: Vec<(u16, &'static str)>) -> (String, Arc<Mutex<Vec<String>>>) {
+    pub(crate) fn serve(replies: Vec<(u16, &'static str)>) -> (String, Arc<Mutex<Vec<String>>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/call", listener.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
