@@ -109,6 +109,12 @@ fn benches_on_cuda_without_a_gpu_say_so() {
     assert!(stderr.contains("--device cuda --ranks 1: 0 CUDA devices are visible"), "{stderr}");
     let stderr = run(&["bench", "retriever", "--dense", "--passages", "10", "--device", "cuda"]);
     assert!(stderr.contains("--device = cuda: "), "{stderr}");
+    // The dense bench's settings are refused without --dense rather than ignored.
+    let output =
+        Command::new(binary("kart")).args(["bench", "retriever", "--device", "cpu"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--dense"), "{stderr}");
 }
 
 #[test]

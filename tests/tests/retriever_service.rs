@@ -6,6 +6,22 @@ use serde_json::{Value, json};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+/// `kart retriever serve` on loopback with `args`, once ready: the server and its base URL.
+fn serve(args: &[&std::ffi::OsStr]) -> (Child, String) {
+    let port = free_port();
+    let mut server = Child(
+        Command::new(binary("kart"))
+            .args(["retriever", "serve", "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(args)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ready(&format!("{base}/readyz"), &mut server, Duration::from_secs(60));
+    (server, base)
+}
+
 fn corpus(dir: &std::path::Path) -> std::path::PathBuf {
     let rows = [
         json!({"id": "0", "contents": "\"Eiffel Tower\"\nThe Eiffel Tower is a wrought-iron lattice tower in Paris, France.",
@@ -44,19 +60,8 @@ fn search_r1_client_payload_works_unchanged() {
     let page = json!({"url": "https://en.wikipedia.org/w/index.php?title=Eiffel%20Tower",
                       "contents": "The Eiffel Tower is a lattice tower.", "title": "Eiffel Tower"});
     std::fs::write(&pages, format!("{page}\n")).unwrap();
-    let port = free_port();
-    let mut server = Child(
-        Command::new(binary("kart"))
-            .args(["retriever", "serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--index"])
-            .arg(&index)
-            .arg("--pages")
-            .arg(&pages)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{base}/readyz"), &mut server, Duration::from_secs(60));
+    let (_server, base) =
+        serve(&["--index".as_ref(), index.as_os_str(), "--pages".as_ref(), pages.as_os_str()]);
 
     // Exactly what Search-R1's generation.py `_batch_search` posts, then `_passages2string`.
     let client = reqwest::blocking::Client::new();
@@ -162,18 +167,8 @@ fn a_dense_index_with_an_approximate_graph_serves_the_same_api() {
     assert!(again.status.success());
     assert!(String::from_utf8_lossy(&again.stdout).contains("reusing the embeddings"), "{again:?}");
 
-    let port = free_port();
-    let mut server = Child(
-        Command::new(binary("kart"))
-            .args(["retriever", "serve", "--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--method", "dense", "--ann-expansion-search", "16", "--index"])
-            .arg(&index)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{base}/readyz"), &mut server, Duration::from_secs(60));
+    let dense = ["--method", "dense", "--ann-expansion-search", "16", "--index"].map(std::ffi::OsStr::new);
+    let (_server, base) = serve(&[&dense[..], &[index.as_os_str()]].concat());
     let payload =
         json!({"queries": ["who wrote hamlet", "longest river in africa"], "topk": 2, "return_scores": true});
     let response: Value = reqwest::blocking::Client::new()

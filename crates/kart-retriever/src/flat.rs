@@ -122,13 +122,7 @@ impl FlatIndex {
                 (scores.to_device(Device::Cpu).to_kind(Kind::Float), rows.to_device(Device::Cpu))
             })
             .unzip();
-        let (scores, rows) = if scores.len() == 1 {
-            (scores.into_iter().next().expect("one shard"), rows.into_iter().next().expect("one shard"))
-        } else {
-            let all = Tensor::cat(&scores, 1);
-            let (best, position) = all.topk((k as i64).min(all.size()[1]), 1, true, true);
-            (best, Tensor::cat(&rows, 1).gather(1, &position, false))
-        };
+        let (scores, rows) = best_of(scores, rows, k as i64);
         let width = scores.size()[1] as usize;
         let scores = Vec::<f32>::try_from(scores.flatten(0, -1))?;
         let rows = Vec::<i64>::try_from(rows.flatten(0, -1))?;
@@ -143,7 +137,7 @@ impl FlatIndex {
 /// The exact scan: the `k` highest inner products of each query `(Q, D)` with the embeddings
 /// `(N, D)`, best first, as `(scores, rows)`, both `(Q, min(k, N))`, with no more than a fixed
 /// budget of scores materialised at once whatever the corpus size.
-pub fn exact_top_k(queries: &Tensor, embeddings: &Tensor, k: i64) -> (Tensor, Tensor) {
+fn exact_top_k(queries: &Tensor, embeddings: &Tensor, k: i64) -> (Tensor, Tensor) {
     top_k(queries, embeddings, k, SCORE_BUDGET / queries.size()[0].max(1))
 }
 
@@ -161,10 +155,17 @@ fn top_k(queries: &Tensor, embeddings: &Tensor, k: i64, slice: i64) -> (Tensor, 
         scores.push(best);
         rows.push(best_rows + start);
     }
+    best_of(scores, rows, k)
+}
+
+/// The `k` best of candidate `(scores, rows)` pairs, each `(Q, k_i)` and best first, as one
+/// `(Q, min(k, sum k_i))` pair, best first.
+fn best_of(mut scores: Vec<Tensor>, mut rows: Vec<Tensor>, k: i64) -> (Tensor, Tensor) {
     if scores.len() == 1 {
         return (scores.remove(0), rows.remove(0));
     }
-    let (best, position) = Tensor::cat(&scores, 1).topk(k, 1, true, true);
+    let all = Tensor::cat(&scores, 1);
+    let (best, position) = all.topk(k.min(all.size()[1]), 1, true, true);
     (best, Tensor::cat(&rows, 1).gather(1, &position, false))
 }
 

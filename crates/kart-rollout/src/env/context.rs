@@ -80,13 +80,9 @@ impl PromptCache {
     }
 
     /// Prompts kept.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
-    }
-
-    /// Whether no prompt is kept.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -76,26 +76,26 @@ pub struct Args {
     #[arg(long)]
     pub(super) dense: bool,
     /// Dimension of the synthetic embeddings (--dense; e5-base's 768 by default).
-    #[arg(long, default_value_t = 768)]
+    #[arg(long, requires = "dense", default_value_t = 768)]
     pub(super) dim: usize,
     /// Links per node of the graph (--dense).
-    #[arg(long, default_value_t = AnnConfig::default().connectivity)]
+    #[arg(long, requires = "dense", default_value_t = AnnConfig::default().connectivity)]
     pub(super) ann_connectivity: usize,
     /// Candidates kept while inserting (--dense).
-    #[arg(long, default_value_t = AnnConfig::default().expansion_add)]
+    #[arg(long, requires = "dense", default_value_t = AnnConfig::default().expansion_add)]
     pub(super) ann_expansion_add: usize,
     /// Candidates explored per query (--dense): each value is measured on the same graph.
-    #[arg(long, value_delimiter = ',', default_value = "16,32,64,128")]
+    #[arg(long, requires = "dense", value_delimiter = ',', default_value = "16,32,64,128")]
     pub(super) ann_expansion_search: Vec<usize>,
     /// How the graph stores each vector (--dense).
-    #[arg(long, value_enum, default_value = "i8")]
+    #[arg(long, requires = "dense", value_enum, default_value = "i8")]
     pub(super) ann_quantization: Quantization,
     /// Candidates re-scored exactly against the f32 embeddings (--dense; at least 10 are).
-    #[arg(long, default_value_t = RetrieverConfig::default().ann_rerank)]
+    #[arg(long, requires = "dense", default_value_t = RetrieverConfig::default().ann_rerank)]
     pub(super) ann_rerank: usize,
     /// Where the exact scan runs (--dense): `cpu`, or `cuda` (f16, sharded over every visible
     /// GPU, as a dense index is served there).
-    #[arg(long, default_value = "cpu", value_parser = super::parse_device)]
+    #[arg(long, requires = "dense", default_value = "cpu", value_parser = super::parse_device)]
     pub(super) device: Device,
 }
 
