@@ -30,7 +30,8 @@ fn main() {
         .file("shim/autograd.cpp")
         .file("shim/c10d.cpp")
         .file("shim/memory.cpp")
-        .file("shim/nccl.cpp");
+        .file("shim/nccl.cpp")
+        .file("shim/onednn.cpp");
     let cuda = lib.join("libtorch_cuda.so").exists().then(|| cuda_headers(torch)).flatten();
     if let Some(dirs) = &cuda {
         build.define("KART_CUDA", None).define("USE_C10D_NCCL", None).includes(dirs);
@@ -58,6 +59,7 @@ fn main() {
         "shim/c10d.cpp",
         "shim/memory.cpp",
         "shim/nccl.cpp",
+        "shim/onednn.cpp",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -4,7 +4,8 @@
 //! - [`config`]: `config.json` in both Hub styles, as a [`ModelConfig`];
 //! - [`weights`]: safetensors checkpoints, single or sharded;
 //! - [`transformer`]: the decoder ([`CausalLm`]), loaded or randomly initialised, with a
-//!   [`KvCache`] for generation, over padded rows or packed sequences ([`Layout`]);
+//!   [`KvCache`] for generation, over padded rows or packed sequences ([`Layout`]); generation
+//!   multiplies by weights packed once for oneDNN on the CPU (`prepacked`);
 //! - [`recompute`]: activation checkpointing, decoder layers recomputed in the backward pass;
 //! - [`residency`]: decoder layers brought to the device only while they run, from CPU memory
 //!   ([`CausalLm::offload_layers`]) or gathered from sharded ranks;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod kv_cache;
 pub mod logprobs;
 mod offload;
+mod prepacked;
 pub mod recompute;
 pub mod residency;
 pub mod rope;

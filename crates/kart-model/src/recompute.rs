@@ -15,6 +15,7 @@
 //! its recomputation through its backward pass ([`crate::residency`]), which is what fully sharded
 //! training needs: gathered per layer, its gradients reduced as soon as the layer is done.
 
+use crate::prepacked::Kernels;
 use crate::transformer::{Attend, CausalLm, Layout};
 use tch::{Kind, Tensor};
 
@@ -72,7 +73,7 @@ impl CausalLm {
             let mut h = self.embed(input_ids);
             let mut inputs = Vec::with_capacity(self.num_layers());
             for i in 0..self.num_layers() {
-                let next = self.run_layer(i, &h, &rot, attend.attend(), None);
+                let next = self.run_layer(i, &h, &rot, attend.attend(), None, Kernels::Standard);
                 inputs.push(h);
                 h = next;
             }
@@ -105,7 +106,8 @@ impl Recomputed<'_> {
             for (i, input) in self.inputs.iter().enumerate().rev() {
                 let x = input.detach().set_requires_grad(true);
                 model.with_layer(i, || {
-                    let y = model.layer(i).forward(&x, &self.rot, self.attend.attend(), None);
+                    let y =
+                        model.layer(i).forward(&x, &self.rot, self.attend.attend(), None, Kernels::Standard);
                     vector_jacobian(&y, &grad);
                     if let Some(residency) = model.residency() {
                         residency.backward_done(i);

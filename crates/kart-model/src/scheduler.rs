@@ -161,7 +161,7 @@ impl<Id> Scheduler<Id> {
         let valid = Tensor::from_slice(&valid).view(shape).to_device(device);
         let positions = Tensor::from_slice(&positions).view(shape).to_device(device);
         let mut cache = model.new_cache(admitted.len() as i64);
-        let hidden = model.forward(&ids, &positions, Some(&valid), Some(&mut cache));
+        let hidden = model.decode(&ids, &positions, Some(&valid), &mut cache);
         let logits = model.next_token_logits(&hidden.select(1, longest as i64 - 1));
         let first = self.running.len();
         let eos = tokenizer.stop_token_ids();
@@ -202,7 +202,7 @@ impl<Id> Scheduler<Id> {
         let ids = Tensor::from_slice(&last).view([n, 1]).to_device(device);
         let positions = Tensor::from_slice(&positions).view([n, 1]).to_device(device);
         let cache = self.cache.as_mut().expect("running sequences have a cache");
-        let hidden = model.forward(&ids, &positions, None, Some(cache));
+        let hidden = model.decode(&ids, &positions, None, cache);
         let logits = model.next_token_logits(&hidden.select(1, 0));
         for r in &mut self.running {
             r.next_position += 1;

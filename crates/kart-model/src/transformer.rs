@@ -20,6 +20,7 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use crate::offload::Offload;
+use crate::prepacked::{Kernels, Prepacked};
 use crate::residency::Residency;
 use crate::rope::{self, RotaryEmbedding};
 use crate::weights::Weights;
@@ -45,6 +46,8 @@ fn param(p: &VarPath, w: &mut Weights, name: &str, shape: &[i64]) -> Result<Tens
 struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
+    /// `weight` packed for generation's kernels.
+    packed: Prepacked,
 }
 
 impl Linear {
@@ -58,11 +61,15 @@ impl Linear {
     ) -> Result<Self, ModelError> {
         let weight = param(p, w, &format!("{prefix}.weight"), &[out, inp])?;
         let bias = if bias { Some(param(p, w, &format!("{prefix}.bias"), &[out])?) } else { None };
-        Ok(Linear { weight, bias })
+        Ok(Linear { weight, bias, packed: Prepacked::default() })
     }
 
-    fn forward(&self, x: &Tensor) -> Tensor {
-        x.linear(&self.weight, self.bias.as_ref())
+    fn forward(&self, x: &Tensor, kernels: Kernels) -> Tensor {
+        let packed = match kernels {
+            Kernels::Prepacked => self.packed.linear(x, &self.weight, self.bias.as_ref()),
+            Kernels::Standard => None,
+        };
+        packed.unwrap_or_else(|| x.linear(&self.weight, self.bias.as_ref()))
     }
 }
 
@@ -138,12 +145,15 @@ impl Attention {
         rot: &(Tensor, Tensor),
         attend: Attend<'_>,
         cache: Option<(&mut KvCache, usize)>,
+        kernels: Kernels,
     ) -> Tensor {
         let (b, t, _) = x.size3().expect("(B, T, hidden)");
         let split = |y: Tensor, n: i64| y.view([b, t, n, self.head_dim]);
-        let (mut q, mut k) =
-            (split(self.q_proj.forward(x), self.heads), split(self.k_proj.forward(x), self.kv_heads));
-        let v = split(self.v_proj.forward(x), self.kv_heads).transpose(1, 2);
+        let (mut q, mut k) = (
+            split(self.q_proj.forward(x, kernels), self.heads),
+            split(self.k_proj.forward(x, kernels), self.kv_heads),
+        );
+        let v = split(self.v_proj.forward(x, kernels), self.kv_heads).transpose(1, 2);
         if let Some((q_norm, k_norm)) = &self.qk_norm {
             q = q_norm.forward(&q);
             k = k_norm.forward(&k);
@@ -190,7 +200,7 @@ impl Attention {
                 }
                 _ => sdpa(&q, &k, &v, mask, mask.is_none() && t > 1),
             };
-        self.o_proj.forward(&out.transpose(1, 2).reshape([b, t, self.heads * self.head_dim]))
+        self.o_proj.forward(&out.transpose(1, 2).reshape([b, t, self.heads * self.head_dim]), kernels)
     }
 }
 
@@ -231,8 +241,9 @@ impl Mlp {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Tensor {
-        self.down_proj.forward(&(self.gate_proj.forward(x).silu() * self.up_proj.forward(x)))
+    fn forward(&self, x: &Tensor, kernels: Kernels) -> Tensor {
+        let gated = self.gate_proj.forward(x, kernels).silu() * self.up_proj.forward(x, kernels);
+        self.down_proj.forward(&gated, kernels)
     }
 }
 
@@ -277,10 +288,11 @@ impl DecoderLayer {
         rot: &(Tensor, Tensor),
         attend: Attend<'_>,
         cache: Option<(&mut KvCache, usize)>,
+        kernels: Kernels,
     ) -> Tensor {
-        let attn = self.self_attn.forward(&self.input_layernorm.forward(h), rot, attend, cache);
+        let attn = self.self_attn.forward(&self.input_layernorm.forward(h), rot, attend, cache, kernels);
         let h = h + attn;
-        let mlp = self.mlp.forward(&self.post_attention_layernorm.forward(&h));
+        let mlp = self.mlp.forward(&self.post_attention_layernorm.forward(&h), kernels);
         h + mlp
     }
 }
@@ -305,6 +317,8 @@ pub struct CausalLm {
     norm: RmsNorm,
     /// `None` when the head is tied to the embeddings.
     lm_head: Option<Tensor>,
+    /// The head's weight packed for generation's kernels.
+    lm_head_packed: Prepacked,
     rope: RotaryEmbedding,
     /// Where the decoder layers' weights live between uses (`None`: on the device).
     residency: Option<Box<dyn Residency>>,
@@ -381,7 +395,17 @@ impl CausalLm {
             false => Some(param(&p, w, "lm_head.weight", &[vocab, hidden])?),
         };
         let rope = RotaryEmbedding::new(config.head_dim, config.rope.theta, &config.rope.scaling, device);
-        Ok(CausalLm { config, vs, embed_tokens, layers, norm, lm_head, rope, residency: None })
+        Ok(CausalLm {
+            config,
+            vs,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            lm_head_packed: Prepacked::default(),
+            rope,
+            residency: None,
+        })
     }
 
     /// The model's configuration.
@@ -439,7 +463,33 @@ impl CausalLm {
         input_ids: &Tensor,
         positions: &Tensor,
         valid: Option<&Tensor>,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        self.forward_with(input_ids, positions, valid, cache, Kernels::Standard)
+    }
+
+    /// [`Self::forward`] for generation, without gradients: on the CPU in f32 the linear layers
+    /// multiply through oneDNN by weights packed once (rebuilt when the weights change), unless a
+    /// [`Residency`] brings the layers' weights anew for every pass. The results agree with
+    /// `forward`'s to rounding.
+    pub fn decode(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        valid: Option<&Tensor>,
+        cache: &mut KvCache,
+    ) -> Tensor {
+        let kernels = if self.residency.is_some() { Kernels::Standard } else { Kernels::Prepacked };
+        tch::no_grad(|| self.forward_with(input_ids, positions, valid, Some(cache), kernels))
+    }
+
+    fn forward_with(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        valid: Option<&Tensor>,
         mut cache: Option<&mut KvCache>,
+        kernels: Kernels,
     ) -> Tensor {
         let (b, t) = input_ids.size2().expect("input_ids is (B, T)");
         let kind = self.kind();
@@ -467,6 +517,7 @@ impl CausalLm {
                 &rot,
                 Attend::from_mask(mask.as_ref()),
                 cache.as_deref_mut().map(|c| (c, i)),
+                kernels,
             );
         }
         self.norm.forward(&h)
@@ -481,7 +532,7 @@ impl CausalLm {
                 let rot = self.rope.cos_sin(positions);
                 let mut h = self.embed(input_ids);
                 for i in 0..self.layers.len() {
-                    h = self.run_layer(i, &h, &rot, Attend::Segments(lengths), None);
+                    h = self.run_layer(i, &h, &rot, Attend::Segments(lengths), None, Kernels::Standard);
                 }
                 self.norm.forward(&h)
             }
@@ -506,8 +557,9 @@ impl CausalLm {
         rot: &(Tensor, Tensor),
         attend: Attend<'_>,
         cache: Option<(&mut KvCache, usize)>,
+        kernels: Kernels,
     ) -> Tensor {
-        self.with_layer(i, || self.layers[i].forward(h, rot, attend, cache))
+        self.with_layer(i, || self.layers[i].forward(h, rot, attend, cache, kernels))
     }
 
     /// Decoder layer `i` (its weights on the device only inside [`Self::with_layer`] when a
@@ -560,17 +612,12 @@ impl CausalLm {
     }
 
     /// The logits a generation engine samples from: [`Self::lm_head`] of hidden states
-    /// `(rows, hidden)`, without gradients. For f32 on the CPU the product runs through oneDNN,
-    /// whose kernels beat the default BLAS on a wide vocabulary (the results agree to rounding).
+    /// `(rows, hidden)`, without gradients, the head's weight packed as [`Self::decode`] packs the
+    /// layers' (the results agree to rounding).
     pub fn next_token_logits(&self, hidden: &Tensor) -> Tensor {
         let weight = self.lm_head_weight();
         tch::no_grad(|| {
-            if hidden.device() == Device::Cpu && hidden.kind() == Kind::Float && tch::utils::has_mkldnn() {
-                let hidden = hidden.contiguous().g_to_mkldnn(None::<Kind>);
-                hidden.mkldnn_linear(weight, None::<Tensor>).to_dense(None::<Kind>, false)
-            } else {
-                self.lm_head(hidden)
-            }
+            self.lm_head_packed.linear(hidden, weight, None).unwrap_or_else(|| self.lm_head(hidden))
         })
     }
 
@@ -760,51 +807,68 @@ mod tests {
         }
     }
 
+    /// Prefills six tokens of two right-aligned rows into a cache, then decodes three steps, each
+    /// through `step` (the standard cached forward or generation's `decode`).
+    fn cached_logits(
+        model: &CausalLm,
+        step: impl Fn(&Tensor, &Tensor, &Tensor, &mut KvCache) -> Tensor,
+    ) -> (Tensor, Tensor) {
+        let rows: [&[i64]; 2] = [&[3, 14, 15, 92, 65, 35, 89, 79, 32], &[0, 0, 0, 0, 0, 0, 27, 18, 28]];
+        let full = ids(&rows);
+        let valid_row = |r: &[i64], pad: usize| (0..r.len()).map(move |i| i >= pad);
+        let valid: Vec<bool> = valid_row(rows[0], 0).chain(valid_row(rows[1], 6)).collect();
+        let valid = Tensor::from_slice(&valid).view([2, 9]);
+        let positions = ids(&[&[0, 1, 2, 3, 4, 5, 6, 7, 8], &[0, 0, 0, 0, 0, 0, 0, 1, 2]]);
+        let reference = tch::no_grad(|| model.lm_head(&model.forward(&full, &positions, Some(&valid), None)));
+        let mut cache = model.new_cache(2);
+        let mut got = Vec::new();
+        for (start, len) in [(0, 6), (6, 1), (7, 1), (8, 1)] {
+            let part = |x: &Tensor| x.narrow(1, start, len);
+            let h = step(&part(&full), &part(&positions), &part(&valid), &mut cache);
+            got.push(tch::no_grad(|| model.lm_head(&h)));
+        }
+        (Tensor::cat(&got, 1), reference)
+    }
+
+    /// Whether cached logits agree with the full pass at every real position (row 1's first six
+    /// columns are padding).
+    fn agree(got: &Tensor, reference: &Tensor) -> bool {
+        let (row0, row1) = (|t: &Tensor| t.narrow(0, 0, 1), |t: &Tensor| t.narrow(0, 1, 1).narrow(1, 6, 3));
+        max_diff(&row0(got), &row0(reference)) < 1e-4 && max_diff(&row1(got), &row1(reference)) < 1e-4
+    }
+
     #[test]
     fn cached_decoding_matches_full_forward() {
         for name in ["tiny-qwen2", "tiny-qwen3", "tiny-llama"] {
             let model = CausalLm::load(&kart_testing::model(name), Device::Cpu).unwrap();
-            tch::no_grad(|| {
-                // Two rows of different prompt lengths, right-aligned, then three decoding steps.
-                let rows: [&[i64]; 2] =
-                    [&[3, 14, 15, 92, 65, 35, 89, 79, 32], &[0, 0, 0, 0, 0, 0, 27, 18, 28]];
-                let full = ids(&rows);
-                let valid_row = |r: &[i64], pad: usize| (0..r.len()).map(move |i| i >= pad);
-                let valid: Vec<bool> = valid_row(rows[0], 0).chain(valid_row(rows[1], 6)).collect();
-                let valid = Tensor::from_slice(&valid).view([2, 9]);
-                let positions = ids(&[&[0, 1, 2, 3, 4, 5, 6, 7, 8], &[0, 0, 0, 0, 0, 0, 0, 1, 2]]);
-                let reference = model.lm_head(&model.forward(&full, &positions, Some(&valid), None));
-
-                let mut cache = model.new_cache(2);
-                let prefill = 6;
-                let h = model.forward(
-                    &full.narrow(1, 0, prefill),
-                    &positions.narrow(1, 0, prefill),
-                    Some(&valid.narrow(1, 0, prefill)),
-                    Some(&mut cache),
-                );
-                let mut got = vec![model.lm_head(&h)];
-                for step in prefill..9 {
-                    let h = model.forward(
-                        &full.narrow(1, step, 1),
-                        &positions.narrow(1, step, 1),
-                        Some(&valid.narrow(1, step, 1)),
-                        Some(&mut cache),
-                    );
-                    got.push(model.lm_head(&h));
-                }
-                let got = Tensor::cat(&got, 1);
-                // Row 1's first six columns are padding; compare only real positions.
-                assert!(max_diff(&got.narrow(0, 0, 1), &reference.narrow(0, 0, 1)) < 1e-4, "{name}: row 0");
-                assert!(
-                    max_diff(
-                        &got.narrow(0, 1, 1).narrow(1, 6, 3),
-                        &reference.narrow(0, 1, 1).narrow(1, 6, 3)
-                    ) < 1e-4,
-                    "{name}: row 1"
-                );
+            let (got, reference) = cached_logits(&model, |ids, positions, valid, cache| {
+                tch::no_grad(|| model.forward(ids, positions, Some(valid), Some(cache)))
             });
+            assert!(agree(&got, &reference), "{name}: forward with a cache");
+            let (got, reference) = cached_logits(&model, |ids, positions, valid, cache| {
+                model.decode(ids, positions, Some(valid), cache)
+            });
+            assert!(agree(&got, &reference), "{name}: decode");
+            assert!(model.layers[0].mlp.up_proj.packed.is_packed(), "{name}: decode packs the weights");
         }
+    }
+
+    #[test]
+    fn decoding_follows_weights_written_in_place() {
+        let model = CausalLm::load(&kart_testing::model("tiny-qwen2"), Device::Cpu).unwrap();
+        let decode = |ids: &Tensor, positions: &Tensor, valid: &Tensor, cache: &mut KvCache| {
+            model.decode(ids, positions, Some(valid), cache)
+        };
+        let (before, _) = cached_logits(&model, decode);
+        // New weights copied in, as the engine loads a policy version (head included: it is tied).
+        tch::manual_seed(5);
+        for (_, mut var) in model.named_tensors() {
+            let noise = Tensor::randn(var.size(), (Kind::Float, Device::Cpu)) * 0.05;
+            tch::no_grad(|| var.copy_(&(&var + noise)));
+        }
+        let (after, reference) = cached_logits(&model, decode);
+        assert!(agree(&after, &reference), "decoded with the new weights");
+        assert!(!agree(&before, &reference), "the new weights change the logits");
     }
 
     fn small_qwen2() -> ModelConfig {

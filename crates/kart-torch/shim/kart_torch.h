@@ -34,6 +34,11 @@ void kart_torch_free_string(char* s);
 // Drops the tensor's gradient (undefined again, its memory released).
 char* kart_clear_grad(kart_tensor tensor);
 
+/* oneDNN's CPU linear layer: `weight` (out, in) reordered once into the layout oneDNN's kernels
+   read, then `input` (..., in) times it, plus `bias` (NULL: none). `out` receives a new tensor. */
+char* kart_onednn_pack_linear(kart_tensor weight, kart_tensor* out);
+char* kart_onednn_linear(kart_tensor input, kart_tensor packed, kart_tensor bias, kart_tensor* out);
+
 // c10d's TCPStore: the server on rank 0, clients elsewhere.
 /* A TCPStore: the server (port 0: a free one) or a client of it. With `wait_workers`, the server
    returns once `world_size` clients joined. `bound_port` receives the port it listens on. */

@@ -22,6 +22,13 @@ pub struct KartNccl {
 unsafe extern "C" {
     pub fn kart_torch_free_string(s: *mut c_char);
     pub fn kart_clear_grad(tensor: *mut c_void) -> *mut c_char;
+    pub fn kart_onednn_pack_linear(weight: *mut c_void, out: *mut *mut c_void) -> *mut c_char;
+    pub fn kart_onednn_linear(
+        input: *mut c_void,
+        packed: *mut c_void,
+        bias: *mut c_void,
+        out: *mut *mut c_void,
+    ) -> *mut c_char;
     pub fn kart_torch_version() -> *const c_char;
     pub fn kart_torch_cuda_hooks_registered() -> bool;
     pub fn kart_torch_cuda_device_count() -> c_int;

@@ -8,7 +8,8 @@
 //! - [`memory`]: the peak memory of a CUDA device's tensors;
 //! - [`group`]: c10d process groups over a `TCPStore` rendezvous, and the collectives training
 //!   needs (all-reduce, broadcast, all-gather, reduce-scatter, barrier), with timeouts;
-//! - [`nccl`]: a bare NCCL communicator opened as vLLM's weight-transfer engine opens one.
+//! - [`nccl`]: a bare NCCL communicator opened as vLLM's weight-transfer engine opens one;
+//! - [`onednn`]: oneDNN's CPU linear layer over weights reordered once, for generation.
 //!
 //! The C++ side is a small shim in `shim/`, compiled against the headers and libraries of the
 //! torch that torch-sys links; c10d errors come back as Rust errors, never as an abort.
@@ -19,6 +20,7 @@ pub mod grad;
 pub mod group;
 pub mod memory;
 pub mod nccl;
+pub mod onednn;
 pub mod ranks;
 pub mod runtime;
 
