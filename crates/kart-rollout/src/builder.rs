@@ -34,8 +34,9 @@ impl TrajectoryBuilder {
 
     /// Appends environment text (observation, hint, tool output), keeping at most `max_tokens` of
     /// its tokens (from the start, as Search-R1 truncates observations); returns the text appended.
+    /// Passages retrieved before come from the tokenizer's memory ([`Tokenizer::encode_cached`]).
     pub fn push_env(&mut self, text: &str, max_tokens: Option<usize>) -> Result<String, BuildError> {
-        let mut ids = self.tokenizer.encode(text, false)?;
+        let mut ids = self.tokenizer.encode_cached(text)?;
         if let Some(max) = max_tokens
             && ids.len() > max
         {

@@ -6,6 +6,7 @@
 mod chat_template;
 mod error;
 pub mod file;
+mod pieces;
 mod tokenizer;
 
 pub use chat_template::{CHATML, ChatTemplate, QWEN25};

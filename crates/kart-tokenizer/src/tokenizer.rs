@@ -31,6 +31,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -47,11 +48,15 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PostProcessorWrapper, SplitDelimiterBehavior};
 
 /// Qwen2's pre-tokenizer pattern (transformers' `Qwen2Tokenizer`, and every Qwen2 `tokenizer.json`).
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub(crate) const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 use crate::chat_template::ConfigTemplate;
 use crate::error::TokenizerError;
 use crate::file::{FileError, read_json};
+use crate::pieces::Pieces;
+
+/// Pieces of text whose ids a tokenizer remembers ([`Tokenizer::encode_cached`]).
+const REMEMBERED_PIECES: NonZeroUsize = NonZeroUsize::new(8192).expect("nonzero");
 
 /// A model's tokenizer: `tokenizer.json` plus the special tokens of `tokenizer_config.json`.
 ///
@@ -70,6 +75,7 @@ struct Inner {
     eos_token_id: Option<u32>,
     pad_token_id: Option<u32>,
     stop_token_ids: Vec<u32>,
+    pieces: Pieces,
 }
 
 impl Tokenizer {
@@ -101,6 +107,7 @@ impl Tokenizer {
             }
         }
 
+        let pieces = Pieces::new(&backend, REMEMBERED_PIECES);
         let inner = Inner {
             path,
             backend,
@@ -109,6 +116,7 @@ impl Tokenizer {
             eos_token_id,
             pad_token_id,
             stop_token_ids,
+            pieces,
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
     }
@@ -166,6 +174,7 @@ impl Tokenizer {
             .train(&mut TrainerWrapper::BpeTrainer(trainer), texts)
             .map_err(|e| error(format!("training failed: {e}")))?;
         let (eos_token_id, pad_token_id) = (backend.token_to_id(eos), backend.token_to_id(pad));
+        let pieces = Pieces::new(&backend, REMEMBERED_PIECES);
         let inner = Inner {
             path,
             backend,
@@ -174,6 +183,7 @@ impl Tokenizer {
             eos_token_id,
             pad_token_id,
             stop_token_ids: eos_token_id.into_iter().collect(),
+            pieces,
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
     }
@@ -191,6 +201,7 @@ impl Tokenizer {
             .map(|&word| AddedToken::from(word, false).normalized(false))
             .collect();
         backend.add_tokens(added).map_err(|e| self.error(e))?;
+        let pieces = Pieces::new(&backend, REMEMBERED_PIECES);
         let inner = Inner {
             path: self.inner.path.clone(),
             backend,
@@ -199,6 +210,7 @@ impl Tokenizer {
             eos_token_id: self.inner.eos_token_id,
             pad_token_id: self.inner.pad_token_id,
             stop_token_ids: self.inner.stop_token_ids.clone(),
+            pieces,
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
     }
@@ -244,6 +256,21 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         let encoding = self.inner.backend.encode(text, add_special_tokens).map_err(|e| self.error(e))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The ids `encode(text, false)` gives, from memory where parts of `text` were encoded before:
+    /// the text is cut into pieces where this tokenizer provably never makes a token across the
+    /// cut (before a line that starts with an ASCII letter, in byte-level BPE pipelines like
+    /// GPT-2's, Qwen2's and Llama 3's; elsewhere the whole text is one piece), and the ids of the
+    /// last 8192 pieces are kept. For text that recurs: prompts, retrieved passages.
+    pub fn encode_cached(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.inner.pieces.encode(text, |piece| self.encode(piece, false))
+    }
+
+    /// The pieces `encode_cached` remembers (for tests).
+    #[cfg(test)]
+    pub(crate) fn pieces(&self) -> &Pieces {
+        &self.inner.pieces
     }
 
     /// The text of `ids`, equal to transformers' `tokenizer.decode(ids, skip_special_tokens=...)`.

@@ -255,7 +255,6 @@ mod tests {
             rewards: Default::default(),
             retry: RetryPolicy { retries: 1, backoff_ms: 1 },
             roles: Vec::new(),
-            prompts: Default::default(),
         };
         (ctx, seen)
     }

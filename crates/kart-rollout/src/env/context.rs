@@ -20,14 +20,9 @@ use kart_tools::functions::mcp::{McpClient, McpError};
 use kart_tools::functions::{DuplicateFunction, Functions};
 use kart_tools::python::{PythonSandbox, SandboxError};
 use kart_tools::search::{CachedSearch, HttpRetriever};
-use lru::LruCache;
-use std::num::NonZeroUsize;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-
-/// Prompts whose token ids are kept: more than the groups a worker runs at once.
-const PROMPT_CACHE_ENTRIES: usize = 1024;
 
 /// What environments run against: the engine, the tokenizer and chat template, and the tools.
 #[derive(Clone)]
@@ -46,44 +41,6 @@ pub struct Context {
     pub retry: RetryPolicy,
     /// A workflow's roles' contexts, in role order: this one with each role's functions.
     pub roles: Vec<Context>,
-    /// The token ids of recent prompts, by their text.
-    pub prompts: PromptCache,
-}
-
-/// The token ids of recently rendered prompts, by their text: the episodes of a group share
-/// their prompt, which is tokenised once (the tokenizer is deterministic, so the ids are those
-/// encoding would give).
-#[derive(Clone)]
-pub struct PromptCache(Arc<Mutex<LruCache<String, Arc<[u32]>>>>);
-
-impl Default for PromptCache {
-    fn default() -> Self {
-        let capacity = NonZeroUsize::new(PROMPT_CACHE_ENTRIES).expect("a positive capacity");
-        PromptCache(Arc::new(Mutex::new(LruCache::new(capacity))))
-    }
-}
-
-impl PromptCache {
-    /// The ids of `text`, from `encode` when they are not kept yet.
-    fn ids_of(
-        &self,
-        text: String,
-        encode: impl FnOnce(&str) -> Result<Vec<u32>, TokenizerError>,
-    ) -> Result<Vec<u32>, TokenizerError> {
-        let lock = || self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(ids) = lock().get(&text) {
-            return Ok(ids.to_vec());
-        }
-        let ids = encode(&text)?;
-        lock().put(text, ids.as_slice().into());
-        Ok(ids)
-    }
-
-    /// Prompts kept.
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
-    }
 }
 
 impl Context {
@@ -97,9 +54,10 @@ impl Context {
     }
 
     /// The prompt's token ids: [`render`](Self::render)'s text tokenised, without special tokens
-    /// added (the template writes them); once per text while it is among the recent prompts.
+    /// added (the template writes them); the pieces of a prompt seen before (a group's, a
+    /// system prompt's) from the tokenizer's memory.
     pub fn prompt_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, RolloutError> {
-        Ok(self.prompts.ids_of(self.render(messages)?, |text| self.tokenizer.encode(text, false))?)
+        Ok(self.tokenizer.encode_cached(&self.render(messages)?)?)
     }
 
     /// Whether a generation ended the sequence: its last token is an end-of-sequence or padding
@@ -167,7 +125,6 @@ impl Context {
             rewards: Arc::new(Rewards::new(&config.reward)),
             retry: config.retry.clone(),
             roles: Vec::new(),
-            prompts: PromptCache::default(),
         };
         match env {
             EnvConfig::Workflow(workflow) => {
@@ -350,24 +307,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_prompt_is_tokenised_once_while_it_is_kept() {
+    async fn prompt_ids_are_the_rendered_prompt_tokenised() {
         let ctx = build(&ContextConfig::default(), None).await.unwrap();
-        let question = |q: &str| vec![ChatMessage::new("user", q)];
-        let ids = ctx.prompt_ids(&question("who wrote hamlet?")).unwrap();
-        let text = ctx.render(&question("who wrote hamlet?")).unwrap();
+        let question = vec![ChatMessage::new("user", "who wrote hamlet?\nAnswer briefly.")];
+        let text = ctx.render(&question).unwrap();
+        let ids = ctx.prompt_ids(&question).unwrap();
         assert_eq!(ids, ctx.tokenizer.encode(&text, false).unwrap());
-        assert_eq!(ctx.prompt_ids(&question("who wrote hamlet?")).unwrap(), ids);
-        assert_eq!(ctx.prompts.len(), 1, "a group's shared prompt is kept once");
-        ctx.prompt_ids(&question("capital of france?")).unwrap();
-        assert_eq!(ctx.prompts.len(), 2);
-
-        let cache = PromptCache::default();
-        assert_eq!(cache.ids_of("a".into(), |_| Ok(vec![1, 2])).unwrap(), [1, 2]);
-        assert_eq!(cache.ids_of("a".into(), |_| panic!("kept ids are not encoded again")).unwrap(), [1, 2]);
-        let failed = cache.ids_of("b".into(), |_| {
-            Err(TokenizerError::Tokenizer { path: "x".into(), reason: "bad".into() })
-        });
-        assert!(failed.is_err() && cache.len() == 1, "a failed encoding is not kept");
+        assert_eq!(ctx.prompt_ids(&question).unwrap(), ids, "the same ids from the tokenizer's memory");
     }
 
     #[tokio::test]

@@ -138,7 +138,7 @@ impl ToolsEpisode<'_> {
 
     /// Cuts a tool response to the configured number of tokens.
     fn cut(&self, ctx: &Context, text: String) -> Result<String, RolloutError> {
-        let ids = ctx.tokenizer.encode(&text, false)?;
+        let ids = ctx.tokenizer.encode_cached(&text)?;
         if ids.len() <= self.config.max_tool_response_tokens {
             return Ok(text);
         }

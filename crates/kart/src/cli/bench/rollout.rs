@@ -244,9 +244,9 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
         }
         let engine_only = started.elapsed().as_secs_f64();
 
-        // kart's agent loop, with none of its prompts tokenised before: every trajectory here has
-        // a prompt of its own (no groups), as the first of a group has.
-        let ctx = Arc::new(EnvContext { prompts: Default::default(), ..ctx.clone() });
+        // kart's agent loop, its tokenizer loaded afresh: no prompt or passage of this level
+        // tokenised before (the tokenizer remembers pieces of text it encoded).
+        let ctx = Arc::new(EnvContext { tokenizer: Tokenizer::load(&model_dir)?, ..ctx.clone() });
         let (started, cpu_started) = (Instant::now(), cpu_seconds());
         let mut jobs = tokio::task::JoinSet::new();
         let semaphore = Arc::new(tokio::sync::Semaphore::new(c));
