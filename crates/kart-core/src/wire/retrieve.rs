@@ -70,10 +70,12 @@ impl RetrieveRequest {
         let k = topk.unwrap_or(limits.default_topk);
         let results = queries.len().saturating_mul(k);
         if results > limits.max_results {
+            // The field the request set: its topk, or its queries at the default topk.
+            let (field, default) = if topk.is_some() { ("topk", "") } else { ("queries", " (the default)") };
             return Err(InvalidField::new(
-                "topk",
+                field,
                 format!(
-                    "{} queries x topk {k} = {results} results; at most {} (max_results) per request",
+                    "{} queries x topk {k}{default} = {results} results; at most {} (max_results) per request",
                     queries.len(),
                     limits.max_results
                 ),
@@ -155,10 +157,15 @@ mod tests {
         let error = parse(json!({"queries": ["a"], "topK": 50})).unwrap_err();
         assert_eq!(error.field, "topK");
         assert!(error.reason.contains("queries, topk, return_scores"), "{}", error.reason);
-        // 100 queries x topk 3 (the default) = 300 results > 250.
+        // 100 queries x topk 3 (the default) = 300 results > 250: the queries are named, the
+        // request having no topk.
         let error = parse(json!({"queries": vec!["q"; 100]})).unwrap_err();
+        assert_eq!(error.field, "queries");
+        let reason = "100 queries x topk 3 (the default) = 300 results; at most 250";
+        assert!(error.reason.contains(reason), "{}", error.reason);
+        let error = parse(json!({"queries": vec!["q"; 50], "topk": 6})).unwrap_err();
         assert_eq!(error.field, "topk");
-        assert!(error.reason.contains("100 queries x topk 3 = 300 results; at most 250"), "{}", error.reason);
+        assert!(error.reason.contains("50 queries x topk 6 = 300 results"), "{}", error.reason);
         assert!(parse(json!({"queries": vec!["q"; 50], "topk": 5})).is_ok());
     }
 
