@@ -3,9 +3,8 @@
 //! A rollout worker tokenises the same text again and again: a group's prompt once per episode,
 //! the same passages for every episode that retrieves them. [`Pieces`] cuts a text at the points
 //! where the tokenizer's pipeline provably never joins the two sides into one token, the start of
-//! a line that begins with an ASCII letter, and keeps the ids of the pieces it has seen (least
-//! recently used first out), so a repeated piece costs a lookup and the ids are those of the
-//! whole text.
+//! a line that begins with an ASCII letter, and keeps the ids of the last 4096 pieces of at most
+//! 4 KiB it has seen, so a repeated piece costs a lookup and the ids are those of the whole text.
 //!
 //! Those points are token boundaries only in pipelines that never let a pre-token run from a line
 //! break into a letter: byte-level BPE whose pre-tokenizer is GPT-2's (`ByteLevel` with its regex)
@@ -31,6 +30,14 @@ const LINE_SAFE_SPLITS: [&str; 2] = [
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 ];
 
+/// How many pieces are remembered.
+const REMEMBERED: NonZeroUsize = NonZeroUsize::new(4096).expect("nonzero");
+
+/// The longest piece remembered, in bytes: a prompt's lines and passages are shorter, and a long
+/// page or tool response, rarely seen twice, would crowd out many of them (with this bound the
+/// memory stays within tens of MiB).
+const LONGEST_REMEMBERED: usize = 4096;
+
 /// Pieces of text remembered with their ids.
 pub(crate) struct Pieces {
     /// Whether texts may be cut at line starts (else each text is one piece).
@@ -39,9 +46,9 @@ pub(crate) struct Pieces {
 }
 
 impl Pieces {
-    /// Pieces for `backend`, remembering at most `capacity` of them.
-    pub(crate) fn new(backend: &tokenizers::Tokenizer, capacity: NonZeroUsize) -> Pieces {
-        Pieces { cut_lines: lines_are_boundaries(backend), ids: Mutex::new(LruCache::new(capacity)) }
+    /// Pieces for `backend`.
+    pub(crate) fn new(backend: &tokenizers::Tokenizer) -> Pieces {
+        Pieces { cut_lines: lines_are_boundaries(backend), ids: Mutex::new(LruCache::new(REMEMBERED)) }
     }
 
     /// The ids of `text`, each piece's from memory or from `encode`.
@@ -56,7 +63,9 @@ impl Pieces {
             if !known {
                 let fresh = encode(piece)?;
                 ids.extend_from_slice(&fresh);
-                self.lock().put(piece.into(), fresh.into());
+                if piece.len() <= LONGEST_REMEMBERED {
+                    self.lock().put(piece.into(), fresh.into());
+                }
             }
         }
         Ok(ids)
@@ -282,6 +291,10 @@ mod tests {
         // The same passages again, and one new one in the middle: one new piece.
         let again = observation(&["A", "X", "C"]);
         assert_eq!(tokenizer.encode_cached(&again).unwrap(), tokenizer.encode(&again, false).unwrap());
+        assert_eq!(tokenizer.pieces().len(), 4);
+        // A page longer than any remembered piece is encoded every time, never kept.
+        let page = "word ".repeat(1000);
+        assert_eq!(tokenizer.encode_cached(&page).unwrap(), tokenizer.encode(&page, false).unwrap());
         assert_eq!(tokenizer.pieces().len(), 4);
     }
 }

@@ -31,7 +31,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -54,9 +53,6 @@ use crate::chat_template::ConfigTemplate;
 use crate::error::TokenizerError;
 use crate::file::{FileError, read_json};
 use crate::pieces::Pieces;
-
-/// Pieces of text whose ids a tokenizer remembers ([`Tokenizer::encode_cached`]).
-const REMEMBERED_PIECES: NonZeroUsize = NonZeroUsize::new(8192).expect("nonzero");
 
 /// A model's tokenizer: `tokenizer.json` plus the special tokens of `tokenizer_config.json`.
 ///
@@ -107,7 +103,7 @@ impl Tokenizer {
             }
         }
 
-        let pieces = Pieces::new(&backend, REMEMBERED_PIECES);
+        let pieces = Pieces::new(&backend);
         let inner = Inner {
             path,
             backend,
@@ -174,7 +170,7 @@ impl Tokenizer {
             .train(&mut TrainerWrapper::BpeTrainer(trainer), texts)
             .map_err(|e| error(format!("training failed: {e}")))?;
         let (eos_token_id, pad_token_id) = (backend.token_to_id(eos), backend.token_to_id(pad));
-        let pieces = Pieces::new(&backend, REMEMBERED_PIECES);
+        let pieces = Pieces::new(&backend);
         let inner = Inner {
             path,
             backend,
@@ -201,7 +197,7 @@ impl Tokenizer {
             .map(|&word| AddedToken::from(word, false).normalized(false))
             .collect();
         backend.add_tokens(added).map_err(|e| self.error(e))?;
-        let pieces = Pieces::new(&backend, REMEMBERED_PIECES);
+        let pieces = Pieces::new(&backend);
         let inner = Inner {
             path: self.inner.path.clone(),
             backend,
@@ -262,7 +258,8 @@ impl Tokenizer {
     /// the text is cut into pieces where this tokenizer provably never makes a token across the
     /// cut (before a line that starts with an ASCII letter, in byte-level BPE pipelines like
     /// GPT-2's, Qwen2's and Llama 3's; elsewhere the whole text is one piece), and the ids of the
-    /// last 8192 pieces are kept. For text that recurs: prompts, retrieved passages.
+    /// last 4096 pieces of at most 4 KiB are kept. For text that recurs: prompts, retrieved
+    /// passages.
     pub fn encode_cached(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         self.inner.pieces.encode(text, |piece| self.encode(piece, false))
     }
