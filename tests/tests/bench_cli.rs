@@ -147,9 +147,17 @@ fn quick_sync_bench_times_every_method_against_disk() {
 
 #[test]
 fn quick_rollout_bench_reports_each_level() {
-    let out = Command::new(binary("kart")).args(["bench", "rollout", "--quick"]).output().unwrap();
+    let out = Command::new(binary("kart"))
+        .args(["bench", "rollout", "--quick", "--group-size", "2"])
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("groups of 2 episodes per question"), "{stdout}");
+    let refused =
+        Command::new(binary("kart")).args(["bench", "rollout", "--group-size", "0"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("--group-size"), "{stderr}");
     // One row per level: concurrency, trajectories, wall, ideal, trajectories/s, overhead, the
     // engine alone's overhead, CPU per trajectory.
     let rows: Vec<Vec<&str>> = stdout

@@ -10,6 +10,9 @@
 //! renders and tokenises the prompt, cuts and parses each turn, searches, tokenises the
 //! observation and scores the answer.
 //!
+//! With `--group-size n`, each question's n episodes start side by side, as a GRPO group's do, and
+//! the later ones find the prompt's and the passages' tokens in the tokenizer's memory.
+//!
 //! With `c` trajectories in flight and `N` in all, the ideal wall time is `ceil(N / c) x 2 x
 //! latency`, and kart's overhead is wall / ideal - 1. The same run also times an engine-only
 //! harness (the same calls at the same concurrency, nothing else): what the engine's timer and the
@@ -51,6 +54,10 @@ pub struct Args {
     /// Waves of trajectories per level (a level runs concurrency x waves trajectories).
     #[arg(long, default_value_t = 16)]
     waves: usize,
+    /// Episodes of each question, started side by side as a GRPO group's are (1: every
+    /// trajectory a question of its own).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    group_size: u64,
     /// Small levels and one wave, to check the bench runs.
     #[arg(long)]
     quick: bool,
@@ -194,8 +201,9 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
     let env: Arc<dyn Environment> = Arc::new(env);
 
     println!(
-        "engine latency {} ms per call; 2 calls and 1 search per trajectory; retriever: kart BM25 over {} passages on loopback",
+        "engine latency {} ms per call; 2 calls and 1 search per trajectory; groups of {} episodes per question; retriever: kart BM25 over {} passages on loopback",
         args.latency_ms,
+        args.group_size,
         world.passages.len()
     );
     println!(
@@ -212,7 +220,14 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
     let mut overheads = Vec::new();
     for &c in &levels {
         let total = c * waves;
-        let level: Vec<Task> = tasks.iter().cycle().take(total).cloned().collect();
+        let group = args.group_size as usize;
+        let level: Vec<Task> = tasks
+            .iter()
+            .flat_map(|task| std::iter::repeat_n(task, group))
+            .cycle()
+            .take(total)
+            .cloned()
+            .collect();
         let ideal = total.div_ceil(c) as f64 * 2.0 * latency.as_secs_f64();
 
         // The engine alone: the same two calls per trajectory at the same concurrency.
@@ -250,11 +265,11 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
         let (started, cpu_started) = (Instant::now(), cpu_seconds());
         let mut jobs = tokio::task::JoinSet::new();
         let semaphore = Arc::new(tokio::sync::Semaphore::new(c));
-        for task in level {
+        for (i, task) in level.into_iter().enumerate() {
             let (ctx, env, semaphore) = (ctx.clone(), env.clone(), semaphore.clone());
             jobs.spawn(async move {
                 let _permit = semaphore.acquire_owned().await.expect("open semaphore");
-                let id = task.id.clone();
+                let id = format!("{}-{i}", task.id);
                 env.episode(&ctx, &task, id, &SamplingParams::default()).await
             });
         }
