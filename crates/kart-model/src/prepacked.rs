@@ -70,8 +70,12 @@ impl Prepacked {
             return None;
         }
         let mut slot = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let stamp = Stamp::of(weight);
-        if !matches!(&*slot, Slot::Packed { of, .. } if *of == stamp) && !matches!(*slot, Slot::Unavailable) {
+        let stamp = match &*slot {
+            Slot::Unavailable => return None,
+            Slot::Packed { of, .. } => Some(Stamp::of(weight)).filter(|stamp| stamp != of),
+            Slot::Empty => Some(Stamp::of(weight)),
+        };
+        if let Some(stamp) = stamp {
             *slot = match PackedWeight::new(weight) {
                 Ok(packed) => Slot::Packed { of: stamp, weight: packed },
                 Err(error) => unavailable(&error),

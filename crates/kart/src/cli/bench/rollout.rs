@@ -220,14 +220,7 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
     let mut overheads = Vec::new();
     for &c in &levels {
         let total = c * waves;
-        let group = args.group_size as usize;
-        let level: Vec<Task> = tasks
-            .iter()
-            .flat_map(|task| std::iter::repeat_n(task, group))
-            .cycle()
-            .take(total)
-            .cloned()
-            .collect();
+        let level = level_tasks(&tasks, args.group_size as usize, total);
         let ideal = total.div_ceil(c) as f64 * 2.0 * latency.as_secs_f64();
 
         // The engine alone: the same two calls per trajectory at the same concurrency.
@@ -302,6 +295,11 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The `total` episodes of a level: each task `group` times in a row, the tasks in turn.
+fn level_tasks(tasks: &[Task], group: usize, total: usize) -> Vec<Task> {
+    tasks.iter().flat_map(|task| std::iter::repeat_n(task, group)).cycle().take(total).cloned().collect()
+}
+
 /// CPU time of this process so far (user and system, all threads), in seconds.
 fn cpu_seconds() -> f64 {
     // SAFETY: getrusage only writes the struct it is given.
@@ -312,4 +310,27 @@ fn cpu_seconds() -> f64 {
     };
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_level_runs_each_question_group_size_times_in_a_row() {
+        let task = |id: &str| Task {
+            id: id.into(),
+            messages: None,
+            prompt: Some(id.into()),
+            ground_truth: Vec::new(),
+            data_source: "bench".into(),
+            tools: None,
+        };
+        let tasks = [task("a"), task("b")];
+        let ids = |group, total| -> Vec<String> {
+            level_tasks(&tasks, group, total).into_iter().map(|t| t.id).collect()
+        };
+        assert_eq!(ids(1, 5), ["a", "b", "a", "b", "a"]);
+        assert_eq!(ids(3, 8), ["a", "a", "a", "b", "b", "b", "a", "a"]);
+    }
 }
