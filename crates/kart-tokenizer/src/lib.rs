@@ -3,10 +3,13 @@
 //! [`ChatTemplate`]. Rollouts tokenise here, so the rollout worker needs no model library.
 //! [`file`] reads a model folder's files for this crate and the ones above it.
 
+mod byte_level;
 mod chat_template;
 mod error;
 pub mod file;
 mod pieces;
+#[cfg(test)]
+mod testing;
 mod tokenizer;
 
 pub use chat_template::{CHATML, ChatTemplate, QWEN25};

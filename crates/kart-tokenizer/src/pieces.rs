@@ -17,10 +17,8 @@ use std::num::NonZeroUsize;
 use std::sync::Mutex;
 
 use lru::LruCache;
-use serde_json::Value;
-use tokenizers::models::ModelWrapper;
-use tokenizers::normalizers::NormalizerWrapper;
 
+use crate::byte_level::{ByteLevelBpe, GPT2_SPLIT};
 use crate::tokenizer::QWEN2_SPLIT;
 
 /// Pre-tokenizer patterns that end every pre-token at a line break followed by a letter: Qwen2's
@@ -47,8 +45,11 @@ pub(crate) struct Pieces {
 
 impl Pieces {
     /// Pieces for `backend`.
-    pub(crate) fn new(backend: &tokenizers::Tokenizer) -> Pieces {
-        Pieces { cut_lines: lines_are_boundaries(backend), ids: Mutex::new(LruCache::new(REMEMBERED)) }
+    pub(crate) fn new(backend: &tokenizers::Tokenizer, byte_level: Option<&ByteLevelBpe>) -> Pieces {
+        Pieces {
+            cut_lines: lines_are_boundaries(backend, byte_level),
+            ids: Mutex::new(LruCache::new(REMEMBERED)),
+        }
     }
 
     /// The ids of `text`, each piece's from memory or from `encode`.
@@ -98,98 +99,24 @@ impl Pieces {
     }
 }
 
-/// Whether `backend` never makes a token across a line break followed by an ASCII letter.
-fn lines_are_boundaries(backend: &tokenizers::Tokenizer) -> bool {
-    let normalizer = matches!(backend.get_normalizer(), None | Some(NormalizerWrapper::NFC(_)));
-    let model = matches!(backend.get_model(), ModelWrapper::BPE(bpe) if bpe.dropout.is_none());
-    let plain = backend.get_truncation().is_none() && backend.get_padding().is_none();
+/// Whether `backend` never makes a token across a line break followed by an ASCII letter: its
+/// pipeline is byte-level BPE splitting with GPT-2's pattern or a [`LINE_SAFE_SPLITS`] one, and no
+/// added token holds a line break or strips whitespace.
+fn lines_are_boundaries(backend: &tokenizers::Tokenizer, byte_level: Option<&ByteLevelBpe>) -> bool {
+    let split =
+        byte_level.is_some_and(|b| b.pattern() == GPT2_SPLIT || LINE_SAFE_SPLITS.contains(&b.pattern()));
     let added = backend
         .get_added_tokens_decoder()
         .values()
         .all(|token| !token.lstrip && !token.rstrip && !token.content.contains('\n'));
-    let pre_tokenizer = backend.get_pre_tokenizer().and_then(|p| serde_json::to_value(p).ok());
-    normalizer && model && plain && added && pre_tokenizer.as_ref().is_some_and(line_safe_pre_tokenizer)
-}
-
-/// GPT-2's byte-level pre-tokenizer, or a split on a [`LINE_SAFE_SPLITS`] pattern before a
-/// byte-level one without its regex; never a prefix space.
-fn line_safe_pre_tokenizer(pre: &Value) -> bool {
-    let byte_level = |p: &Value, regex: bool| {
-        p["type"] == "ByteLevel" && p["add_prefix_space"] == false && p["use_regex"] == regex
-    };
-    let split = |p: &Value| {
-        p["type"] == "Split"
-            && p["behavior"] == "Isolated"
-            && p["invert"] == false
-            && p["pattern"]["Regex"].as_str().is_some_and(|r| LINE_SAFE_SPLITS.contains(&r))
-    };
-    match (pre["type"].as_str(), pre["pretokenizers"].as_array().map(Vec::as_slice)) {
-        (Some("ByteLevel"), _) => byte_level(pre, true),
-        (Some("Sequence"), Some([first, second])) => split(first) && byte_level(second, false),
-        _ => false,
-    }
+    split && added
 }
 
 #[cfg(test)]
 mod tests {
     use crate::Tokenizer;
+    use crate::testing::{byte_level_pipelines, texts};
     use serde_json::Value;
-
-    /// Fragments that meet at every kind of seam: line breaks before letters, digits, marks and
-    /// spaces, combining accents, wide characters, special and added tokens, contractions.
-    const FRAGMENTS: [&str; 34] = [
-        "\n",
-        "\n\n",
-        "\r\n",
-        "Doc 1(Title: \"France\") ",
-        "Paris",
-        " is",
-        "the",
-        "A",
-        "z",
-        "'s",
-        "'S",
-        "'ll",
-        "é",
-        "e\u{301}",
-        "\u{301}",
-        "\u{300}a",
-        "中文",
-        "🙂",
-        "ß",
-        "İ",
-        "\u{a0}",
-        " ",
-        "  ",
-        "\t",
-        ".",
-        "...",
-        "123",
-        "1952",
-        "7",
-        "<|im_end|>",
-        "<|im_start|>",
-        "</information>",
-        "Zürich",
-        "-",
-    ];
-
-    /// Random texts of 1 to 24 fragments (a fixed xorshift, so failures reproduce).
-    fn texts(n: usize) -> Vec<String> {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        (0..n)
-            .map(|_| {
-                let len = 1 + next() % 24;
-                (0..len).map(|_| FRAGMENTS[(next() % FRAGMENTS.len() as u64) as usize]).collect()
-            })
-            .collect()
-    }
 
     /// A change to a `tokenizer.json`.
     type Edit = fn(&mut Value);
@@ -209,34 +136,10 @@ mod tests {
         (dir, tokenizer)
     }
 
-    /// Qwen2's pipeline as kart trains it, with added words, and Llama 3's split pattern on it.
-    fn split_pipelines() -> Vec<Tokenizer> {
-        // Line breaks in every company, so that merges join them to what surrounds them.
-        let corpus = [
-            "the quick brown fox\nDoc 1 is 1952.\n\n",
-            "a search agent reads the page.\n\nDoc 2 \n  Paris\n\n\n",
-            "Zürich 北京 'll \r\n\t\n<|im_end|>\n",
-        ];
-        let texts = corpus.iter().cycle().take(300).copied();
-        let special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-        let qwen2 = Tokenizer::train_byte_level_bpe(texts, 320, &special, "<|im_end|>", "<|endoftext|>")
-            .unwrap()
-            .with_added_words(&["1952", "Paris"])
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        qwen2.save(dir.path(), None).unwrap();
-        let path = dir.path().join("tokenizer.json");
-        let json = std::fs::read_to_string(&path).unwrap().replace(r"\\p{N}|", r"\\p{N}{1,3}|");
-        assert!(json.contains(r"\\p{N}{1,3}|"));
-        std::fs::write(&path, json).unwrap();
-        let llama3 = Tokenizer::load(dir.path()).unwrap();
-        vec![qwen2, llama3]
-    }
-
     fn agree_with_whole_texts(tokenizer: &Tokenizer, what: &str) {
         for round in ["encoded", "remembered"] {
             for text in texts(1500) {
-                let whole = tokenizer.encode(&text, false).unwrap();
+                let whole = tokenizer.backend().encode(text.as_str(), false).unwrap().get_ids().to_vec();
                 assert_eq!(tokenizer.encode_cached(&text).unwrap(), whole, "{what}, {round}: {text:?}");
             }
         }
@@ -244,12 +147,9 @@ mod tests {
 
     #[test]
     fn pieces_give_the_ids_of_the_whole_text() {
-        let tokenizer = Tokenizer::load(kart_testing::model("tiny-qwen2")).unwrap();
-        assert!(tokenizer.pieces().cut_lines, "GPT-2's byte-level pre-tokenizer");
-        agree_with_whole_texts(&tokenizer, "tiny-qwen2");
-        for (tokenizer, what) in split_pipelines().iter().zip(["Qwen2's split", "Llama 3's split"]) {
+        for (tokenizer, what) in byte_level_pipelines() {
             assert!(tokenizer.pieces().cut_lines, "{what}");
-            agree_with_whole_texts(tokenizer, what);
+            agree_with_whole_texts(&tokenizer, what);
         }
     }
 

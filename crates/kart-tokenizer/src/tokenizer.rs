@@ -49,6 +49,7 @@ use tokenizers::{AddedToken, PostProcessorWrapper, SplitDelimiterBehavior};
 /// Qwen2's pre-tokenizer pattern (transformers' `Qwen2Tokenizer`, and every Qwen2 `tokenizer.json`).
 pub(crate) const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+use crate::byte_level::{ByteLevelBpe, ByteLevelDecoder};
 use crate::chat_template::ConfigTemplate;
 use crate::error::TokenizerError;
 use crate::file::{FileError, read_json};
@@ -71,6 +72,10 @@ struct Inner {
     eos_token_id: Option<u32>,
     pad_token_id: Option<u32>,
     stop_token_ids: Vec<u32>,
+    /// The backend's encoding without its alignment bookkeeping, when it is byte-level BPE.
+    byte_level: Option<ByteLevelBpe>,
+    /// The backend's decoding from bytes computed once, when its decoder is byte-level.
+    byte_decoder: Option<ByteLevelDecoder>,
     pieces: Pieces,
 }
 
@@ -103,7 +108,7 @@ impl Tokenizer {
             }
         }
 
-        let pieces = Pieces::new(&backend);
+        let (byte_level, byte_decoder, pieces) = fast_paths(&backend);
         let inner = Inner {
             path,
             backend,
@@ -112,6 +117,8 @@ impl Tokenizer {
             eos_token_id,
             pad_token_id,
             stop_token_ids,
+            byte_level,
+            byte_decoder,
             pieces,
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
@@ -170,7 +177,7 @@ impl Tokenizer {
             .train(&mut TrainerWrapper::BpeTrainer(trainer), texts)
             .map_err(|e| error(format!("training failed: {e}")))?;
         let (eos_token_id, pad_token_id) = (backend.token_to_id(eos), backend.token_to_id(pad));
-        let pieces = Pieces::new(&backend);
+        let (byte_level, byte_decoder, pieces) = fast_paths(&backend);
         let inner = Inner {
             path,
             backend,
@@ -179,6 +186,8 @@ impl Tokenizer {
             eos_token_id,
             pad_token_id,
             stop_token_ids: eos_token_id.into_iter().collect(),
+            byte_level,
+            byte_decoder,
             pieces,
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
@@ -197,7 +206,7 @@ impl Tokenizer {
             .map(|&word| AddedToken::from(word, false).normalized(false))
             .collect();
         backend.add_tokens(added).map_err(|e| self.error(e))?;
-        let pieces = Pieces::new(&backend);
+        let (byte_level, byte_decoder, pieces) = fast_paths(&backend);
         let inner = Inner {
             path: self.inner.path.clone(),
             backend,
@@ -206,6 +215,8 @@ impl Tokenizer {
             eos_token_id: self.inner.eos_token_id,
             pad_token_id: self.inner.pad_token_id,
             stop_token_ids: self.inner.stop_token_ids.clone(),
+            byte_level,
+            byte_decoder,
             pieces,
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
@@ -250,6 +261,10 @@ impl Tokenizer {
     /// Token ids of `text`; `add_special_tokens` applies the post-processor of `tokenizer.json`
     /// (for instance a leading BOS), as `tokenizer(text, add_special_tokens=...)` does.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        let plain = (!add_special_tokens).then_some(self.inner.byte_level.as_ref()).flatten();
+        if let Some(ids) = plain.and_then(|encoder| encoder.encode(&self.inner.backend, text)) {
+            return ids.map_err(|e| self.error(e));
+        }
         let encoding = self.inner.backend.encode(text, add_special_tokens).map_err(|e| self.error(e))?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -264,6 +279,12 @@ impl Tokenizer {
         self.inner.pieces.encode(text, |piece| self.encode(piece, false))
     }
 
+    /// The `tokenizers` pipeline (for tests).
+    #[cfg(test)]
+    pub(crate) fn backend(&self) -> &tokenizers::Tokenizer {
+        &self.inner.backend
+    }
+
     /// The pieces `encode_cached` remembers (for tests).
     #[cfg(test)]
     pub(crate) fn pieces(&self) -> &Pieces {
@@ -272,7 +293,10 @@ impl Tokenizer {
 
     /// The text of `ids`, equal to transformers' `tokenizer.decode(ids, skip_special_tokens=...)`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
-        let text = self.inner.backend.decode(ids, skip_special_tokens).map_err(|e| self.error(e))?;
+        let text = match &self.inner.byte_decoder {
+            Some(decoder) => decoder.decode(ids, skip_special_tokens),
+            None => self.inner.backend.decode(ids, skip_special_tokens).map_err(|e| self.error(e))?,
+        };
         Ok(if self.inner.clean_up_tokenization_spaces { clean_up_tokenization(&text) } else { text })
     }
 
@@ -396,6 +420,14 @@ impl DecodeStream {
 
 /// transformers' `clean_up_tokenization`: removes the spaces a WordPiece decoder leaves before
 /// punctuation and English contractions.
+/// The byte-level encoder and decoder of `backend`'s pipeline (where it has them) and the pieces
+/// remembered over the encoder.
+fn fast_paths(backend: &tokenizers::Tokenizer) -> (Option<ByteLevelBpe>, Option<ByteLevelDecoder>, Pieces) {
+    let byte_level = ByteLevelBpe::new(backend);
+    let pieces = Pieces::new(backend, byte_level.as_ref());
+    (byte_level, ByteLevelDecoder::new(backend), pieces)
+}
+
 fn clean_up_tokenization(text: &str) -> String {
     const REPLACEMENTS: [(&str, &str); 10] = [
         (" .", "."),
