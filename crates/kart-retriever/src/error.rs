@@ -35,10 +35,17 @@ pub enum RetrieverError {
 impl RetrieverError {
     /// The error of a blocking task that did not finish: a panic with its message, or cancelled.
     pub(crate) fn task_failed(what: &'static str, error: tokio::task::JoinError) -> Self {
-        let reason = match error.try_into_panic() {
-            Ok(payload) => format!("panicked: {}", kart_http::panics::message(payload.as_ref())),
-            Err(error) => error.to_string(),
-        };
-        RetrieverError::Internal { what, reason }
+        match error.try_into_panic() {
+            Ok(payload) => Self::panicked(what, payload.as_ref()),
+            Err(error) => RetrieverError::Internal { what, reason: error.to_string() },
+        }
+    }
+
+    /// The error of work that panicked with `payload`.
+    pub(crate) fn panicked(what: &'static str, payload: &(dyn std::any::Any + Send)) -> Self {
+        RetrieverError::Internal {
+            what,
+            reason: format!("panicked: {}", kart_http::panics::message(payload)),
+        }
     }
 }

@@ -12,9 +12,10 @@
 //! A failing upstream (Serper, Jina) is a 502; a failing local index a 500; a bug (a panic in a
 //! handler or in a search) a 500 whose cause is logged, not returned.
 
+use crate::RetrieverError;
 use crate::local_pages::LocalPages;
 use crate::online::{OnlineSearch, PageReader};
-use crate::{LocalIndex, RetrieverError};
+use crate::searcher::IndexSearcher;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -34,8 +35,8 @@ use std::time::Instant;
 
 /// Where `/retrieve` gets its answers.
 pub enum Backend {
-    /// A local index (BM25 or dense), searched on the blocking thread pool.
-    Local(Arc<dyn LocalIndex>),
+    /// A local index (BM25 or dense), searched inline when quick, else on the blocking pool.
+    Local(IndexSearcher),
     /// Serper web search.
     Serper(Box<OnlineSearch>),
 }
@@ -52,7 +53,7 @@ impl Backend {
         };
         Ok(match config.method {
             Method::Bm25 | Method::Dense => {
-                Backend::Local(crate::open_local(&index_dir()?, config.method, config)?)
+                Backend::Local(IndexSearcher::new(crate::open_local(&index_dir()?, config.method, config)?))
             }
             Method::Serper => Backend::Serper(Box::new(OnlineSearch::new(
                 &config.online,
@@ -68,12 +69,7 @@ impl Backend {
         topk: usize,
     ) -> Result<Vec<Vec<RetrievalResult>>, RetrieverError> {
         match self {
-            Backend::Local(index) => {
-                let index = index.clone();
-                tokio::task::spawn_blocking(move || index.search_batch(&queries, topk))
-                    .await
-                    .map_err(|e| RetrieverError::task_failed("the index search", e))?
-            }
+            Backend::Local(searcher) => searcher.search(queries, topk).await,
             Backend::Serper(search) => search.search_batch(&queries, topk).await,
         }
     }
@@ -81,7 +77,7 @@ impl Backend {
     /// Documents in the index, when the backend has one.
     pub fn num_docs(&self) -> Option<u64> {
         match self {
-            Backend::Local(index) => Some(index.num_docs()),
+            Backend::Local(searcher) => Some(searcher.index().num_docs()),
             Backend::Serper(_) => None,
         }
     }
@@ -390,6 +386,7 @@ async fn answer_access(state: &AppState, body: Body) -> Result<Value, ApiError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::LocalIndex;
     use kart_core::agent::search_r1::document;
 
     /// A fixed index: every query gets documents "0".."k-1" with descending scores.
@@ -440,7 +437,7 @@ mod tests {
     #[tokio::test]
     async fn answers_in_search_r1_shape_with_and_without_scores() {
         let (router, state, registry) = service(1 << 20);
-        state.set_backend(Backend::Local(Arc::new(Fixed)));
+        state.set_backend(Backend::Local(IndexSearcher::new(Arc::new(Fixed))));
         let (status, v) =
             post(&router, "/retrieve", r#"{"queries": ["paris", "rome"], "topk": 2, "return_scores": true}"#)
                 .await;
@@ -462,7 +459,7 @@ mod tests {
         let registry = Registry::new();
         let config = RetrieverConfig { max_response_bytes: 2048, ..RetrieverConfig::default() };
         let state = AppState::new(config, &registry).unwrap();
-        state.set_backend(Backend::Local(Arc::new(Fixed)));
+        state.set_backend(Backend::Local(IndexSearcher::new(Arc::new(Fixed))));
         let router = router(state, registry);
         let (status, v) = post(&router, "/retrieve", r#"{"queries": ["paris"], "topk": 2}"#).await;
         assert_eq!((status, v["result"][0].as_array().map(Vec::len)), (StatusCode::OK, Some(2)));
@@ -485,7 +482,7 @@ mod tests {
     #[tokio::test]
     async fn bad_input_gets_4xx_json_and_the_server_keeps_serving() {
         let (router, state, registry) = service(64);
-        state.set_backend(Backend::Local(Arc::new(Fixed)));
+        state.set_backend(Backend::Local(IndexSearcher::new(Arc::new(Fixed))));
         for (body, status, field) in [
             ("{not json", StatusCode::BAD_REQUEST, "body"),
             (r#"{"topk": 3}"#, StatusCode::UNPROCESSABLE_ENTITY, "queries"),
@@ -523,7 +520,7 @@ mod tests {
     #[tokio::test]
     async fn a_panicking_search_is_a_500_without_its_message() {
         let (router, state, registry) = service(1 << 20);
-        state.set_backend(Backend::Local(Arc::new(Panicking)));
+        state.set_backend(Backend::Local(IndexSearcher::new(Arc::new(Panicking))));
         for _ in 0..2 {
             let (status, v) = post(&router, "/retrieve", r#"{"queries": ["a", "b"]}"#).await;
             assert_eq!(

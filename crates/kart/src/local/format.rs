@@ -243,7 +243,7 @@ mod tests {
                 .collect();
             let engine =
                 ScriptedEngine::new(tokenizer.clone(), move |_, call| Reply::Text(turns[call].clone()));
-            let search = Arc::new(InProcess(index.clone() as Arc<dyn kart_retriever::LocalIndex>));
+            let search = Arc::new(InProcess::new(index.clone() as Arc<dyn kart_retriever::LocalIndex>));
             let ctx = Context::build(
                 &ContextConfig::default(),
                 &AgentFormat::Tools.env(),
