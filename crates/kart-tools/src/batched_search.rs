@@ -1,17 +1,19 @@
 //! Concurrent searches coalesced into batched requests, as Search-R1's rollout posts every query
 //! of a turn in one `/retrieve` call.
 //!
-//! Searches queue for a dispatcher that sends them on with at most `in_flight` requests
-//! outstanding. A search arriving while a slot is free goes out at once, alone; searches arriving
-//! while every slot is taken wait together and leave as one request (of one `topk`, at most
-//! [`MAX_BATCH_QUERIES`] queries) when a slot frees. So an idle retriever sees single queries
-//! with no added latency, and a burst of trajectories reaching their search at the same moment
-//! costs a few HTTP round trips instead of one each.
+//! Searches queue with at most `in_flight` requests outstanding. A search arriving while a slot is
+//! free goes out at once, alone, from its own task; searches arriving while every slot is taken
+//! wait together and leave as one request (of one `topk`, at most [`MAX_BATCH_QUERIES`] queries)
+//! when a slot frees. So an idle retriever sees single queries with no added latency and no hand-
+//! off between tasks, and a burst of trajectories reaching their search at the same moment costs
+//! a few HTTP round trips instead of one each.
 
 use kart_core::agent::search_r1::RetrievalResult;
 use kart_core::tool::{Search, Searched, ToolError};
-use std::sync::Arc;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 /// Most queries in one batched request.
 pub const MAX_BATCH_QUERIES: usize = 512;
@@ -20,6 +22,8 @@ type Answer = Result<Vec<Vec<RetrievalResult>>, ToolError>;
 
 /// A search waiting for its batch.
 struct Pending {
+    /// Tells a caller's own search from the others.
+    id: u64,
     queries: Vec<String>,
     topk: usize,
     reply: oneshot::Sender<Answer>,
@@ -27,64 +31,96 @@ struct Pending {
 
 /// A search tool whose concurrent calls reach `inner` in batches, at most `in_flight` at a time.
 pub struct BatchedSearch {
-    queue: mpsc::UnboundedSender<Pending>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    inner: Arc<dyn Search>,
+    queue: Mutex<VecDeque<Pending>>,
+    slots: Arc<Semaphore>,
+    next_id: AtomicU64,
+}
+
+/// A request slot; freeing it sends what queued meanwhile.
+struct Slot {
+    permit: Option<OwnedSemaphorePermit>,
+    shared: Arc<Shared>,
 }
 
 impl BatchedSearch {
-    /// Wraps `inner`; the dispatcher runs on the current tokio runtime until this is dropped.
+    /// Wraps `inner`, with at most `in_flight` requests outstanding.
     pub fn new(inner: Arc<dyn Search>, in_flight: usize) -> Self {
-        let (queue, pending) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(inner, pending, in_flight.max(1)));
-        BatchedSearch { queue }
+        let slots = Arc::new(Semaphore::new(in_flight.max(1)));
+        let shared = Shared { inner, queue: Mutex::default(), slots, next_id: AtomicU64::new(0) };
+        BatchedSearch { shared: Arc::new(shared) }
     }
 }
 
 impl Search for BatchedSearch {
     fn search<'a>(&'a self, queries: &'a [String], topk: usize) -> Searched<'a> {
         Box::pin(async move {
-            let gone = || ToolError { tool: "search", reason: "the search dispatcher stopped".into() };
             let (reply, answer) = oneshot::channel();
-            self.queue.send(Pending { queries: queries.to_vec(), topk, reply }).map_err(|_| gone())?;
+            let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+            self.shared.lock().push_back(Pending { id, queries: queries.to_vec(), topk, reply });
+            if let Some((slot, batch)) = Shared::claim(&self.shared) {
+                if let [own] = batch.as_slice()
+                    && own.id == id
+                {
+                    // Alone: sent from this task, no hand-off.
+                    send(slot, batch).await;
+                } else {
+                    // Others' searches too: sent from a task of its own, which this caller's
+                    // cancellation cannot take down with it.
+                    tokio::spawn(send(slot, batch));
+                }
+            }
+            let gone = || ToolError { tool: "search", reason: "the search was dropped unanswered".into() };
             answer.await.map_err(|_| gone())?
         })
     }
 }
 
-/// Takes a free slot, then everything queued by then (of the first search's `topk`, up to
-/// [`MAX_BATCH_QUERIES`]) as one request.
-async fn dispatch(inner: Arc<dyn Search>, mut pending: mpsc::UnboundedReceiver<Pending>, in_flight: usize) {
-    let slots = Arc::new(Semaphore::new(in_flight));
-    let mut next: Option<Pending> = None;
-    loop {
-        let first = match next.take() {
-            Some(p) => p,
-            None => match pending.recv().await {
-                Some(p) => p,
-                None => return,
-            },
-        };
-        let Ok(slot) = slots.clone().acquire_owned().await else { return };
-        let mut batch = vec![first];
-        let mut queries = batch[0].queries.len();
-        while queries < MAX_BATCH_QUERIES {
-            match pending.try_recv() {
-                Ok(p) if p.topk == batch[0].topk && queries + p.queries.len() <= MAX_BATCH_QUERIES => {
-                    queries += p.queries.len();
-                    batch.push(p);
-                }
-                Ok(p) => {
-                    next = Some(p);
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
-        let inner = inner.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            answer(inner.as_ref(), batch).await;
-        });
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// A free slot and the batch at the head of the queue (the first search, then those after it
+    /// of its `topk`, up to [`MAX_BATCH_QUERIES`]), when both are there.
+    fn claim(shared: &Arc<Shared>) -> Option<(Slot, Vec<Pending>)> {
+        let mut queue = shared.lock();
+        let topk = queue.front()?.topk;
+        let permit = shared.slots.clone().try_acquire_owned().ok()?;
+        let mut batch = Vec::new();
+        let mut queries = 0;
+        while let Some(next) = queue.front() {
+            let fits = batch.is_empty() || queries + next.queries.len() <= MAX_BATCH_QUERIES;
+            if next.topk != topk || !fits {
+                break;
+            }
+            queries += next.queries.len();
+            batch.extend(queue.pop_front());
+        }
+        Some((Slot { permit: Some(permit), shared: shared.clone() }, batch))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        // Searches that queued while every slot was taken leave now, from a task of their own.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && let Some((slot, batch)) = Shared::claim(&self.shared)
+        {
+            runtime.spawn(send(slot, batch));
+        }
+    }
+}
+
+/// Sends `batch` in `slot`, then frees the slot.
+async fn send(slot: Slot, batch: Vec<Pending>) {
+    answer(slot.shared.inner.as_ref(), batch).await;
+    drop(slot);
 }
 
 /// Sends `batch` as one search and hands each caller its own queries' results (or the error).
@@ -197,6 +233,34 @@ mod tests {
             vec![(q("a"), 3), (bc, 3), (q("d"), 1)],
             "b and c share a request; d, of another topk, follows"
         );
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_search_frees_its_slot_for_those_queued_behind_it() {
+        let gate = Arc::new(Semaphore::new(0));
+        let backend = Recording::new(Some(gate.clone()));
+        let search = Arc::new(BatchedSearch::new(backend.clone(), 1));
+        let call = |query: &'static str| {
+            let search = search.clone();
+            tokio::spawn(async move { search.search(&q(query), 2).await })
+        };
+        // `a` sends its request from its own task and waits at the gate; `b` queues behind it.
+        let a = call("a");
+        while backend.requests.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let b = call("b");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(backend.requests.lock().unwrap().len(), 1, "b waits for the only slot");
+        a.abort();
+        assert!(a.await.unwrap_err().is_cancelled());
+        gate.add_permits(1);
+        let b = tokio::time::timeout(std::time::Duration::from_secs(10), b).await;
+        let b = b.expect("b is sent once a's slot is free").unwrap().unwrap();
+        assert_eq!(b[0][0].document.title.as_deref(), Some("b"));
+        assert_eq!(*backend.requests.lock().unwrap(), vec![(q("a"), 2), (q("b"), 2)]);
     }
 
     #[tokio::test]
