@@ -72,11 +72,25 @@ struct Inner {
     eos_token_id: Option<u32>,
     pad_token_id: Option<u32>,
     stop_token_ids: Vec<u32>,
+    fast: FastPaths,
+}
+
+/// What spares a call into the backend's pipeline.
+struct FastPaths {
     /// The backend's encoding without its alignment bookkeeping, when it is byte-level BPE.
-    byte_level: Option<ByteLevelBpe>,
+    encoder: Option<ByteLevelBpe>,
     /// The backend's decoding from bytes computed once, when its decoder is byte-level.
-    byte_decoder: Option<ByteLevelDecoder>,
+    decoder: Option<ByteLevelDecoder>,
+    /// Pieces of text remembered with their ids, for `encode_cached`.
     pieces: Pieces,
+}
+
+impl FastPaths {
+    fn new(backend: &tokenizers::Tokenizer) -> FastPaths {
+        let encoder = ByteLevelBpe::new(backend);
+        let pieces = Pieces::new(backend, encoder.as_ref());
+        FastPaths { encoder, decoder: ByteLevelDecoder::new(backend), pieces }
+    }
 }
 
 impl Tokenizer {
@@ -108,7 +122,7 @@ impl Tokenizer {
             }
         }
 
-        let (byte_level, byte_decoder, pieces) = fast_paths(&backend);
+        let fast = FastPaths::new(&backend);
         let inner = Inner {
             path,
             backend,
@@ -117,9 +131,7 @@ impl Tokenizer {
             eos_token_id,
             pad_token_id,
             stop_token_ids,
-            byte_level,
-            byte_decoder,
-            pieces,
+            fast,
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
     }
@@ -177,7 +189,7 @@ impl Tokenizer {
             .train(&mut TrainerWrapper::BpeTrainer(trainer), texts)
             .map_err(|e| error(format!("training failed: {e}")))?;
         let (eos_token_id, pad_token_id) = (backend.token_to_id(eos), backend.token_to_id(pad));
-        let (byte_level, byte_decoder, pieces) = fast_paths(&backend);
+        let fast = FastPaths::new(&backend);
         let inner = Inner {
             path,
             backend,
@@ -186,9 +198,7 @@ impl Tokenizer {
             eos_token_id,
             pad_token_id,
             stop_token_ids: eos_token_id.into_iter().collect(),
-            byte_level,
-            byte_decoder,
-            pieces,
+            fast,
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
     }
@@ -206,7 +216,7 @@ impl Tokenizer {
             .map(|&word| AddedToken::from(word, false).normalized(false))
             .collect();
         backend.add_tokens(added).map_err(|e| self.error(e))?;
-        let (byte_level, byte_decoder, pieces) = fast_paths(&backend);
+        let fast = FastPaths::new(&backend);
         let inner = Inner {
             path: self.inner.path.clone(),
             backend,
@@ -215,9 +225,7 @@ impl Tokenizer {
             eos_token_id: self.inner.eos_token_id,
             pad_token_id: self.inner.pad_token_id,
             stop_token_ids: self.inner.stop_token_ids.clone(),
-            byte_level,
-            byte_decoder,
-            pieces,
+            fast,
         };
         Ok(Tokenizer { inner: Arc::new(inner) })
     }
@@ -261,7 +269,7 @@ impl Tokenizer {
     /// Token ids of `text`; `add_special_tokens` applies the post-processor of `tokenizer.json`
     /// (for instance a leading BOS), as `tokenizer(text, add_special_tokens=...)` does.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        let plain = (!add_special_tokens).then_some(self.inner.byte_level.as_ref()).flatten();
+        let plain = (!add_special_tokens).then_some(self.inner.fast.encoder.as_ref()).flatten();
         if let Some(ids) = plain.and_then(|encoder| encoder.encode(&self.inner.backend, text)) {
             return ids.map_err(|e| self.error(e));
         }
@@ -276,7 +284,7 @@ impl Tokenizer {
     /// last 4096 pieces of at most 4 KiB are kept. For text that recurs: prompts, retrieved
     /// passages.
     pub fn encode_cached(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        self.inner.pieces.encode(text, |piece| self.encode(piece, false))
+        self.inner.fast.pieces.encode(text, |piece| self.encode(piece, false))
     }
 
     /// The `tokenizers` pipeline (for tests).
@@ -288,12 +296,12 @@ impl Tokenizer {
     /// The pieces `encode_cached` remembers (for tests).
     #[cfg(test)]
     pub(crate) fn pieces(&self) -> &Pieces {
-        &self.inner.pieces
+        &self.inner.fast.pieces
     }
 
     /// The text of `ids`, equal to transformers' `tokenizer.decode(ids, skip_special_tokens=...)`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
-        let text = match &self.inner.byte_decoder {
+        let text = match &self.inner.fast.decoder {
             Some(decoder) => decoder.decode(ids, skip_special_tokens),
             None => self.inner.backend.decode(ids, skip_special_tokens).map_err(|e| self.error(e))?,
         };
@@ -420,14 +428,6 @@ impl DecodeStream {
 
 /// transformers' `clean_up_tokenization`: removes the spaces a WordPiece decoder leaves before
 /// punctuation and English contractions.
-/// The byte-level encoder and decoder of `backend`'s pipeline (where it has them) and the pieces
-/// remembered over the encoder.
-fn fast_paths(backend: &tokenizers::Tokenizer) -> (Option<ByteLevelBpe>, Option<ByteLevelDecoder>, Pieces) {
-    let byte_level = ByteLevelBpe::new(backend);
-    let pieces = Pieces::new(backend, byte_level.as_ref());
-    (byte_level, ByteLevelDecoder::new(backend), pieces)
-}
-
 fn clean_up_tokenization(text: &str) -> String {
     const REPLACEMENTS: [(&str, &str); 10] = [
         (" .", "."),

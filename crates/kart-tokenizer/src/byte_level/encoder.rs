@@ -76,15 +76,12 @@ impl ByteLevelBpe {
         text: &str,
     ) -> Option<tokenizers::Result<Vec<u32>>> {
         let ModelWrapper::BPE(bpe) = backend.get_model() else { return None };
-        if self.normalized && !text.is_ascii() {
+        if (self.normalized && !text.is_ascii()) || (!self.added_plain && self.added.is_match(text)) {
             return None;
         }
         let mut ids = Vec::with_capacity(text.len() / 3);
         let mut from = 0;
         for found in self.added.find_iter(text) {
-            if !self.added_plain {
-                return None;
-            }
             if let Err(e) = self.encode_between(bpe, &text[from..found.start()], &mut ids) {
                 return Some(Err(e));
             }
