@@ -18,15 +18,11 @@ use std::sync::Mutex;
 
 use lru::LruCache;
 
-use crate::byte_level::{ByteLevelBpe, GPT2_SPLIT};
-use crate::tokenizer::QWEN2_SPLIT;
+use crate::byte_level::{ByteLevelBpe, GPT2_SPLIT, LLAMA3_SPLIT, QWEN2_SPLIT};
 
 /// Pre-tokenizer patterns that end every pre-token at a line break followed by a letter: Qwen2's
 /// and Llama 3's (the same but for runs of up to three digits).
-const LINE_SAFE_SPLITS: [&str; 2] = [
-    QWEN2_SPLIT,
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-];
+const LINE_SAFE_SPLITS: [&str; 2] = [QWEN2_SPLIT, LLAMA3_SPLIT];
 
 /// How many pieces are remembered.
 const REMEMBERED: NonZeroUsize = NonZeroUsize::new(4096).expect("nonzero");

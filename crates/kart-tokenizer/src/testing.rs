@@ -52,7 +52,8 @@ pub(crate) fn ascii_texts(n: usize) -> Vec<String> {
     random_texts(n, &ascii)
 }
 
-fn random_texts(n: usize, fragments: &[&str]) -> Vec<String> {
+/// Random texts of 1 to 24 of `fragments`.
+pub(crate) fn random_texts(n: usize, fragments: &[&str]) -> Vec<String> {
     let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     (0..n)
         .map(|_| {

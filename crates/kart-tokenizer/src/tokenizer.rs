@@ -46,10 +46,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PostProcessorWrapper, SplitDelimiterBehavior};
 
-/// Qwen2's pre-tokenizer pattern (transformers' `Qwen2Tokenizer`, and every Qwen2 `tokenizer.json`).
-pub(crate) const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-use crate::byte_level::{ByteLevelBpe, ByteLevelDecoder};
+use crate::byte_level::{ByteLevelBpe, ByteLevelDecoder, QWEN2_SPLIT};
 use crate::chat_template::ConfigTemplate;
 use crate::error::TokenizerError;
 use crate::file::{FileError, read_json};

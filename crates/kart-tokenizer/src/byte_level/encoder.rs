@@ -1,4 +1,4 @@
-//! The encoder: the pre-tokenizer's regex, GPT-2's byte alphabet and the pipeline's BPE model.
+//! The encoder: the pre-tokenizer's pattern, GPT-2's byte alphabet and the pipeline's BPE model.
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::Value;
@@ -9,16 +9,18 @@ use tokenizers::utils::SysRegex;
 use tokenizers::{Model, Token};
 
 use super::alphabet;
-
-/// GPT-2's pre-tokenizer pattern: the `ByteLevel` pre-tokenizer's own, with `use_regex`.
-pub(crate) const GPT2_SPLIT: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+use super::split::{AsciiSplit, GPT2_SPLIT};
+use super::words::Words;
 
 /// A byte-level BPE pipeline's encoder for the texts its pipeline treats plainly.
 pub(crate) struct ByteLevelBpe {
     /// The pre-tokenizer's pattern.
     pattern: String,
     regex: SysRegex,
+    /// The pattern scanned by hand on ASCII text, when it is one kart knows.
+    ascii: Option<AsciiSplit>,
+    /// The ids of pre-tokens seen before.
+    words: Words,
     /// The character each byte stands for in the model's vocabulary.
     alphabet: [char; 256],
     /// Whether a normaliser (NFC) runs first: then only ASCII text is taken.
@@ -61,7 +63,17 @@ impl ByteLevelBpe {
         let added_plain = !backend.get_encode_special_tokens()
             && tokens.iter().all(|(_, t)| !t.normalized && !t.lstrip && !t.rstrip && !t.single_word);
         let added_ids = tokens.iter().map(|&(id, _)| id).collect();
-        Some(ByteLevelBpe { pattern, regex, alphabet: alphabet(), normalized, added, added_ids, added_plain })
+        Some(ByteLevelBpe {
+            ascii: AsciiSplit::of(&pattern),
+            pattern,
+            regex,
+            words: Words::default(),
+            alphabet: alphabet(),
+            normalized,
+            added,
+            added_ids,
+            added_plain,
+        })
     }
 
     /// The pre-tokenizer's pattern.
@@ -93,30 +105,34 @@ impl ByteLevelBpe {
 
     /// Appends the ids of `text`, which holds no added token, split, mapped and tokenised.
     fn encode_between(&self, bpe: &BPE, text: &str, ids: &mut Vec<u32>) -> tokenizers::Result<()> {
-        if text.is_empty() {
-            return Ok(());
-        }
         let mut mapped = String::new();
-        let mut tokenize = |part: &str| -> tokenizers::Result<()> {
+        let tokenize = |part: &str| -> tokenizers::Result<Vec<u32>> {
             mapped.clear();
             mapped.extend(part.bytes().map(|b| self.alphabet[usize::from(b)]));
-            ids.extend(bpe.tokenize(&mapped)?.iter().map(|token: &Token| token.id));
-            Ok(())
+            Ok(bpe.tokenize(&mapped)?.iter().map(|token: &Token| token.id).collect())
         };
-        // The matches and what lies between them, each a part of its own (an isolating split).
-        let mut from = 0;
-        for (start, end) in self.regex.find_iter(text) {
-            if from < start {
-                tokenize(&text[from..start])?;
-            }
-            tokenize(&text[start..end])?;
-            from = end;
+        match self.ascii.filter(|_| text.is_ascii()) {
+            Some(split) => self.words.encode(split.split(text), tokenize, ids),
+            None => self.words.encode(regex_parts(&self.regex, text).into_iter(), tokenize, ids),
         }
-        if from < text.len() {
-            tokenize(&text[from..])?;
-        }
-        Ok(())
     }
+}
+
+/// The parts an isolating split on `regex` cuts `text` into: the matches and what lies between.
+fn regex_parts<'t>(regex: &SysRegex, text: &'t str) -> Vec<&'t str> {
+    let mut parts = Vec::new();
+    let mut from = 0;
+    for (start, end) in regex.find_iter(text) {
+        if from < start {
+            parts.push(&text[from..start]);
+        }
+        parts.push(&text[start..end]);
+        from = end;
+    }
+    if from < text.len() {
+        parts.push(&text[from..]);
+    }
+    parts
 }
 
 /// The regex a byte-level pre-tokenizer splits with: GPT-2's `ByteLevel` with its regex, or a

@@ -14,9 +14,12 @@
 
 mod decoder;
 mod encoder;
+mod split;
+mod words;
 
 pub(crate) use decoder::ByteLevelDecoder;
-pub(crate) use encoder::{ByteLevelBpe, GPT2_SPLIT};
+pub(crate) use encoder::ByteLevelBpe;
+pub(crate) use split::{GPT2_SPLIT, LLAMA3_SPLIT, QWEN2_SPLIT};
 
 /// GPT-2's map of bytes to printable characters (`bytes_to_unicode` of its `encoder.py`): the
 /// printable Latin-1 bytes stand for themselves, the others, in order, for 256, 257, ...
