@@ -23,12 +23,13 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::post;
-use kart_core::agent::search_r1::RetrievalResult;
+use kart_core::agent::search_r1::{Document, RetrievalResult};
 use kart_core::config::retriever::{Method, RetrieverConfig};
 use kart_core::wire::{AccessRequest, RetrieveRequest};
 use kart_http::metrics;
 use kart_http::{self as http, ApiError, Readiness};
-use prometheus::{HistogramVec, IntCounterVec, IntGauge, Registry};
+use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry};
+use serde::Serialize;
 use serde_json::{Value, json};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -86,14 +87,15 @@ impl Backend {
 /// The service's metrics.
 struct Metrics {
     requests: IntCounterVec,
-    queries: IntCounterVec,
+    /// Queries answered, under the configured method's label.
+    queries: IntCounter,
     latency: HistogramVec,
     errors: IntCounterVec,
     documents: IntGauge,
 }
 
 impl Metrics {
-    fn new(registry: &Registry) -> Self {
+    fn new(registry: &Registry, method: Method) -> Self {
         Metrics {
             requests: metrics::counter_vec(
                 registry,
@@ -106,7 +108,8 @@ impl Metrics {
                 "kart_retriever_queries_total",
                 "Queries answered",
                 &["method"],
-            ),
+            )
+            .with_label_values(&[format!("{method:?}").to_lowercase()]),
             latency: metrics::histogram_vec(
                 registry,
                 "kart_retriever_request_duration_seconds",
@@ -141,12 +144,12 @@ impl AppState {
     pub fn new(config: RetrieverConfig, registry: &Registry) -> Result<Arc<Self>, RetrieverError> {
         let pages = PageReader::new(&config.online, std::env::var("JINA_API_KEY").ok(), registry)?;
         Ok(Arc::new(AppState {
+            metrics: Metrics::new(registry, config.method),
             config,
             backend: OnceLock::new(),
             pages,
             local_pages: OnceLock::new(),
             ready: Readiness::default(),
-            metrics: Metrics::new(registry),
         }))
     }
 
@@ -289,16 +292,15 @@ async fn answer_retrieve(state: &AppState, body: Body) -> Result<Vec<u8>, (&'sta
     let topk = request.topk.unwrap_or(state.config.topk);
     let n = request.queries.len() as u64;
     let results = backend.retrieve(request.queries, topk).await.map_err(backend_error)?;
-    let method = format!("{:?}", state.config.method).to_lowercase();
-    state.metrics.queries.with_label_values(&[&method]).inc_by(n);
-    let result: Vec<Value> = results
-        .into_iter()
+    state.metrics.queries.inc_by(n);
+    let result = results
+        .iter()
         .map(|hits| match request.return_scores {
-            true => json!(hits),
-            false => json!(hits.into_iter().map(|h| h.document).collect::<Vec<_>>()),
+            true => Hits::Scored(hits),
+            false => Hits::Documents(hits.iter().map(|h| &h.document).collect()),
         })
         .collect();
-    let json = serde_json::to_vec(&json!({ "result": result })).map_err(|e| {
+    let json = serde_json::to_vec(&Retrieved { result }).map_err(|e| {
         let message = format!("serialising the results: {e}");
         ("backend", ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: "queries".into(), message })
     })?;
@@ -314,6 +316,21 @@ async fn answer_retrieve(state: &AppState, body: Body) -> Result<Vec<u8>, (&'sta
         ));
     }
     Ok(json)
+}
+
+/// `/retrieve`'s answer as Search-R1's `retrieval_server.py` writes it, serialised straight from
+/// the hits.
+#[derive(Serialize)]
+struct Retrieved<'a> {
+    result: Vec<Hits<'a>>,
+}
+
+/// One query's hits: with their scores (`return_scores`), or the documents alone.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Hits<'a> {
+    Scored(&'a [RetrievalResult]),
+    Documents(Vec<&'a Document>),
 }
 
 /// The answer to a failed retrieval: 502 when an upstream service failed, 500 when the local index

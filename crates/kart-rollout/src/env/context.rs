@@ -103,7 +103,13 @@ impl Context {
         config.validate()?;
         env.validate()?;
         let timeout = Duration::from_secs_f64(config.tool_timeout_secs);
-        let retriever = config.retriever_url.as_deref().map(|url| Arc::new(HttpRetriever::new(url, timeout)));
+        let retriever = match config.retriever_url.as_deref() {
+            Some(url) => Some(Arc::new(
+                HttpRetriever::new(url, timeout)
+                    .map_err(|_| ConfigError::new("retriever_url", url, "is not a URL"))?,
+            )),
+            None => None,
+        };
         let search = local.or_else(|| retriever.clone().map(|r| r as Arc<dyn Search>)).map(|inner| {
             let batched = Arc::new(BatchedSearch::new(inner, config.search_concurrency));
             Arc::new(CachedSearch::new(batched, config.search_cache_entries)) as Arc<dyn Search>
@@ -334,5 +340,11 @@ mod tests {
         let bad = ContextConfig { retriever_url: Some("retriever:8000".into()), ..ContextConfig::default() };
         let err = build(&bad, None).await.err().expect("a URL without a scheme is refused").to_string();
         assert!(err.contains("retriever_url = retriever:8000"), "{err}");
+        let bad = ContextConfig {
+            retriever_url: Some("http://retri ever:8000".into()),
+            ..ContextConfig::default()
+        };
+        let err = build(&bad, None).await.err().expect("a host with a space is refused").to_string();
+        assert_eq!(err, "retriever_url = http://retri ever:8000: is not a URL");
     }
 }
