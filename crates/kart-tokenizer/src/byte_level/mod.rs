@@ -5,12 +5,13 @@
 //! rollout worker that was most of the tokenizer's time. For the byte-level BPE family (GPT-2's
 //! pre-tokenizer, or a `Split` on a regex before a plain `ByteLevel`, as Qwen2's and Llama 3's
 //! `tokenizer.json` have), [`ByteLevelBpe`] gives the ids of `encode(text, false)` from the same
-//! parts: the pre-tokenizer's regex, compiled by the same engine, splits the text; each part's
-//! bytes are mapped to GPT-2's byte alphabet; the pipeline's own BPE model (its merges, its cache)
-//! tokenises each part. Texts the pipeline would treat otherwise are left to it: a text holding an
-//! added token's content, and a text that is not ASCII under a normaliser (NFC leaves ASCII as it
-//! is). [`ByteLevelDecoder`] decodes as GPT-2's byte-level decoder does, from each token's bytes
-//! computed once.
+//! parts: the pre-tokenizer's regex, compiled by the same engine, splits the text (on ASCII text
+//! the patterns of GPT-2, Qwen2 and Llama 3 are scanned by hand, [`split`]); each part's bytes are
+//! mapped to GPT-2's byte alphabet; the pipeline's own BPE model (its merges, its cache) tokenises
+//! each part not seen before ([`words`] remembers the ids of short ones). Texts the pipeline would
+//! treat otherwise are left to it: a text holding an added token's content, and a text that is
+//! not ASCII under a normaliser (NFC leaves ASCII as it is). [`ByteLevelDecoder`] decodes as
+//! GPT-2's byte-level decoder does, from each token's bytes computed once.
 
 mod decoder;
 mod encoder;
