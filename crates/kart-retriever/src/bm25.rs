@@ -387,6 +387,10 @@ mod tests {
                 );
             }
         }
+        assert!(
+            crate::max_score::scratch_kept_clean(),
+            "the searches leave their scratch for the next, zero"
+        );
     }
 
     #[test]
