@@ -173,6 +173,15 @@ fn quick_rollout_bench_reports_each_level() {
         assert!(row[5].ends_with('%') && row[6].ends_with('%'), "{row:?}");
         assert!(row[7].parse::<f64>().unwrap() > 0.0, "{row:?}");
     }
+    // The same trajectories with the index searched in the worker's process: every one searched
+    // (the bench fails otherwise), without the retriever service.
+    let out = Command::new(binary("kart"))
+        .args(["bench", "rollout", "--quick", "--retriever", "in-process"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("passages in this process"), "{stdout}");
 }
 
 /// `kart bench train --memory`: kart alone in each memory setting, every rank's peak measured

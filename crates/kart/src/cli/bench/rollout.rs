@@ -5,7 +5,8 @@
 //! inference server would, with token ids prepared before the run (its own work is a hash lookup:
 //! nothing of the engine's counts as kart's); the context is a worker's, its search tool calling a
 //! real retriever (`/retrieve` of kart's HTTP service on loopback, over a BM25 index of a
-//! synthetic world's corpus, no cache).
+//! synthetic world's corpus, no cache; with `--retriever in-process`, the same index searched in
+//! the worker's process, as a pool with `rollout.index` and `kart local` search).
 //! Each Search-R1 trajectory searches once and then answers: two engine calls, one search; kart
 //! renders and tokenises the prompt, cuts and parses each turn, searches, tokenises the
 //! observation and scores the answer.
@@ -31,6 +32,7 @@ use kart_core::generation::Generation;
 use kart_core::generation::GenerationRequest;
 use kart_core::generation::SamplingParams;
 use kart_core::wire::Task;
+use kart_retriever::InProcess;
 use kart_retriever::server::{AppState, Backend, router};
 use kart_rollout::env::search_r1::{SearchR1Config, SearchR1Env};
 use kart_rollout::env::{Context as EnvContext, Environment};
@@ -58,9 +60,22 @@ pub struct Args {
     /// trajectory a question of its own).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     group_size: u64,
+    /// Where the searches go.
+    #[arg(long, value_enum, default_value_t = Retriever::Http)]
+    retriever: Retriever,
     /// Small levels and one wave, to check the bench runs.
     #[arg(long)]
     quick: bool,
+}
+
+/// Where the trajectories' searches go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Retriever {
+    /// `/retrieve` of kart's retriever service on loopback, served from this process (a retriever
+    /// pod's path, sharing this machine's cores).
+    Http,
+    /// The index searched in the worker's own process (a pool's `rollout.index`, `kart local`).
+    InProcess,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -140,13 +155,31 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
     world.write_corpus(&corpus)?;
     let index = work.path().join("index");
     kart_retriever::bm25::build(&corpus, &index, 64 << 20, |_, _, _| ())?;
-    let registry = Registry::new();
-    let config = RetrieverConfig { index: Some(index), ..RetrieverConfig::default() };
-    let state = AppState::new(config.clone(), &registry)?;
-    state.set_backend(Backend::open(&config, &registry)?);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(kart_http::serve(listener, router(state, registry)));
+    // The worker's context, without its search cache (every query of a level would hit it in the
+    // next).
+    let (tools, local) = match args.retriever {
+        Retriever::Http => {
+            let registry = Registry::new();
+            let config = RetrieverConfig { index: Some(index), ..RetrieverConfig::default() };
+            let state = AppState::new(config.clone(), &registry)?;
+            state.set_backend(Backend::open(&config, &registry)?);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let url = format!("http://{}", listener.local_addr()?);
+            tokio::spawn(kart_http::serve(listener, router(state, registry)));
+            (
+                ContextConfig {
+                    retriever_url: Some(url),
+                    search_cache_entries: 0,
+                    ..ContextConfig::default()
+                },
+                None,
+            )
+        }
+        Retriever::InProcess => (
+            ContextConfig { search_cache_entries: 0, ..ContextConfig::default() },
+            Some(InProcess::open(&index)?),
+        ),
+    };
 
     let texts: Vec<String> = world.passages.iter().map(|p| p.text.clone()).collect();
     let tokenizer = Tokenizer::train_byte_level_bpe(
@@ -159,10 +192,6 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
     let model_dir = work.path().join("tokenizer");
     tokenizer.save(&model_dir, Some(CHATML))?;
     let env = SearchR1Env::new(SearchR1Config::default());
-    // The worker's context, without its search cache (every query of a level would hit it in the
-    // next).
-    let tools =
-        ContextConfig { retriever_url: Some(url), search_cache_entries: 0, ..ContextConfig::default() };
     let timer = Timer::start();
     let idle = Arc::new(ReplayEngine {
         latency,
@@ -171,7 +200,7 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
         answer: Vec::new(),
     });
     let mut ctx =
-        EnvContext::build(&tools, &EnvConfig::SearchR1(SearchR1Config::default()), idle, &model_dir, None)
+        EnvContext::build(&tools, &EnvConfig::SearchR1(SearchR1Config::default()), idle, &model_dir, local)
             .await?;
 
     // One question per person; the engine's replies prepared for each.
@@ -200,8 +229,12 @@ async fn bench(args: Args) -> anyhow::Result<ExitCode> {
     ctx.engine = engine.clone();
     let env: Arc<dyn Environment> = Arc::new(env);
 
+    let placement = match args.retriever {
+        Retriever::Http => "on loopback",
+        Retriever::InProcess => "in this process",
+    };
     println!(
-        "engine latency {} ms per call; 2 calls and 1 search per trajectory; groups of {} episodes per question; retriever: kart BM25 over {} passages on loopback",
+        "engine latency {} ms per call; 2 calls and 1 search per trajectory; groups of {} episodes per question; retriever: kart BM25 over {} passages {placement}",
         args.latency_ms,
         args.group_size,
         world.passages.len()
