@@ -145,14 +145,17 @@ fn quick_sync_bench_times_every_method_against_disk() {
     assert!(stdout.contains("vllm_broadcast: ") && stdout.contains("MB/s over gloo"), "{stdout}");
 }
 
+/// The standard output of `kart bench rollout --quick` with `args`, which must succeed.
+fn quick_rollout_bench(args: &[&str]) -> String {
+    let out = Command::new(binary("kart")).args(["bench", "rollout", "--quick"]).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
 #[test]
 fn quick_rollout_bench_reports_each_level() {
-    let out = Command::new(binary("kart"))
-        .args(["bench", "rollout", "--quick", "--group-size", "2"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = quick_rollout_bench(&["--group-size", "2"]);
     assert!(stdout.contains("groups of 2 episodes per question"), "{stdout}");
     let refused =
         Command::new(binary("kart")).args(["bench", "rollout", "--group-size", "0"]).output().unwrap();
@@ -175,12 +178,7 @@ fn quick_rollout_bench_reports_each_level() {
     }
     // The same trajectories with the index searched in the worker's process: every one searched
     // (the bench fails otherwise), without the retriever service.
-    let out = Command::new(binary("kart"))
-        .args(["bench", "rollout", "--quick", "--retriever", "in-process"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = quick_rollout_bench(&["--retriever", "in-process"]);
     assert!(stdout.contains("passages in this process"), "{stdout}");
 }
 
