@@ -8,6 +8,7 @@ mod chat_template;
 mod error;
 pub mod file;
 mod pieces;
+mod remembered;
 #[cfg(test)]
 mod testing;
 mod tokenizer;

@@ -14,11 +14,9 @@
 //! whole text, remembered as such.
 
 use std::num::NonZeroUsize;
-use std::sync::Mutex;
-
-use lru::LruCache;
 
 use crate::byte_level::{ByteLevelBpe, GPT2_SPLIT, LLAMA3_SPLIT, QWEN2_SPLIT};
+use crate::remembered::Remembered;
 
 /// Pre-tokenizer patterns that end every pre-token at a line break followed by a letter: Qwen2's
 /// and Llama 3's (the same but for runs of up to three digits).
@@ -36,7 +34,7 @@ const LONGEST_REMEMBERED: usize = 4096;
 pub(crate) struct Pieces {
     /// Whether texts may be cut at line starts (else each text is one piece).
     cut_lines: bool,
-    ids: Mutex<LruCache<Box<str>, Box<[u32]>>>,
+    ids: Remembered,
 }
 
 impl Pieces {
@@ -44,7 +42,7 @@ impl Pieces {
     pub(crate) fn new(backend: &tokenizers::Tokenizer, byte_level: Option<&ByteLevelBpe>) -> Pieces {
         Pieces {
             cut_lines: lines_are_boundaries(backend, byte_level),
-            ids: Mutex::new(LruCache::new(REMEMBERED)),
+            ids: Remembered::new(REMEMBERED, LONGEST_REMEMBERED),
         }
     }
 
@@ -55,21 +53,8 @@ impl Pieces {
         encode: impl Fn(&str) -> Result<Vec<u32>, E>,
     ) -> Result<Vec<u32>, E> {
         let mut ids = Vec::new();
-        for piece in self.cut(text) {
-            let known = self.lock().get(piece).map(|known| ids.extend_from_slice(known)).is_some();
-            if !known {
-                let fresh = encode(piece)?;
-                ids.extend_from_slice(&fresh);
-                if piece.len() <= LONGEST_REMEMBERED {
-                    self.lock().put(piece.into(), fresh.into());
-                }
-            }
-        }
+        self.ids.encode(self.cut(text), encode, &mut ids)?;
         Ok(ids)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<Box<str>, Box<[u32]>>> {
-        self.ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// `text` cut before every line that starts with an ASCII letter (when allowed).
@@ -91,7 +76,7 @@ impl Pieces {
     /// Pieces remembered (for tests).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.ids.len()
     }
 }
 

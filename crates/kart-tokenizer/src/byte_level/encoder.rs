@@ -1,5 +1,7 @@
 //! The encoder: the pre-tokenizer's pattern, GPT-2's byte alphabet and the pipeline's BPE model.
 
+use std::num::NonZeroUsize;
+
 use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::Value;
 use tokenizers::models::ModelWrapper;
@@ -10,7 +12,13 @@ use tokenizers::{Model, Token};
 
 use super::alphabet;
 use super::split::{AsciiSplit, GPT2_SPLIT};
-use super::words::Words;
+use crate::remembered::Remembered;
+
+/// How many pre-tokens are remembered (a few MiB at most).
+const WORDS: NonZeroUsize = NonZeroUsize::new(1 << 16).expect("nonzero");
+
+/// The longest pre-token remembered, in bytes: longer ones are rare and rarely recur.
+const LONGEST_WORD: usize = 64;
 
 /// A byte-level BPE pipeline's encoder for the texts its pipeline treats plainly.
 pub(crate) struct ByteLevelBpe {
@@ -19,8 +27,9 @@ pub(crate) struct ByteLevelBpe {
     regex: SysRegex,
     /// The pattern scanned by hand on ASCII text, when it is one kart knows.
     ascii: Option<AsciiSplit>,
-    /// The ids of pre-tokens seen before.
-    words: Words,
+    /// The ids of pre-tokens seen before: a cached lookup in the BPE model still builds a
+    /// `String` per token and hashes the pre-token mapped to GPT-2's alphabet.
+    words: Remembered,
     /// The character each byte stands for in the model's vocabulary.
     alphabet: [char; 256],
     /// Whether a normaliser (NFC) runs first: then only ASCII text is taken.
@@ -67,7 +76,7 @@ impl ByteLevelBpe {
             ascii: AsciiSplit::of(&pattern),
             pattern,
             regex,
-            words: Words::default(),
+            words: Remembered::new(WORDS, LONGEST_WORD),
             alphabet: alphabet(),
             normalized,
             added,

@@ -8,7 +8,7 @@
 //! parts: the pre-tokenizer's regex, compiled by the same engine, splits the text (on ASCII text
 //! the patterns of GPT-2, Qwen2 and Llama 3 are scanned by hand, [`split`]); each part's bytes are
 //! mapped to GPT-2's byte alphabet; the pipeline's own BPE model (its merges, its cache) tokenises
-//! each part not seen before ([`words`] remembers the ids of short ones). Texts the pipeline would
+//! each part not seen recently (the ids of short ones are remembered). Texts the pipeline would
 //! treat otherwise are left to it: a text holding an added token's content, and a text that is
 //! not ASCII under a normaliser (NFC leaves ASCII as it is). [`ByteLevelDecoder`] decodes as
 //! GPT-2's byte-level decoder does, from each token's bytes computed once.
@@ -16,7 +16,6 @@
 mod decoder;
 mod encoder;
 mod split;
-mod words;
 
 pub(crate) use decoder::ByteLevelDecoder;
 pub(crate) use encoder::ByteLevelBpe;
