@@ -5,9 +5,10 @@
 # replaced by their published releases, and etcd at the version Kubernetes pins).
 #
 #   scripts/control-plane.sh build       build the binaries once (cached, see below); print their folder
-#   scripts/control-plane.sh up DIR      start the control plane with its state in DIR; write
+#   scripts/control-plane.sh up DIR [--etcd-in-memory]
+#                                        start the control plane with its state in DIR; write
 #                                        DIR/kubeconfig (cluster admin) and wait until the API answers
-#                                        (and, with kart's node agent built, its Node is registered)
+#                                        (and, with kart's node agent built, its Node is Ready)
 #   scripts/control-plane.sh down DIR    stop exactly what `up DIR` started
 #
 # The binaries are cached outside the clone, in $KART_CONTROL_PLANE_CACHE (default
@@ -23,6 +24,14 @@
 # of StorageClass `kart-local` (the default class; folders of the node, as rancher's
 # local-path-provisioner makes them), as user kart-node-provisioner bound to Kubernetes' own
 # ClusterRole system:persistent-volume-provisioner.
+#
+# etcd keeps its data in DIR/etcd and syncs it to disk, as a cluster's does. `--etcd-in-memory`
+# (the tests) keeps it in a folder of /dev/shm (a tmpfs, removed by `down`) with etcd's
+# `--unsafe-no-fsync`: a test cluster's data need not outlive it, and an fsync on a disk busy with
+# a build's writes can wait tens of seconds (one waited 45 s in CI), long enough for etcd's
+# requests, and with them the API server's, to time out. `KART_CONTROL_PLANE_PORTS` ("ETCD PEER
+# API", three free loopback ports) lets a caller that reserves ports hand them in; else `up`
+# picks them.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 module="$here/control-plane"
@@ -57,9 +66,14 @@ build() {
   echo "$bin"
 }
 
-# A free TCP port on loopback.
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+# Three distinct free TCP ports on loopback (etcd's client and peer ports, the API server's): the
+# sockets are held until all three are chosen, so no two are the same.
+free_ports() {
+  python3 -c 'import socket
+held = [socket.socket() for _ in range(3)]
+for s in held:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in held))'
 }
 
 # Starts `name` (a binary of the build) in the background, in its own session, logging to
@@ -92,37 +106,80 @@ current-context: kart
 EOF
 }
 
-# Waits until `url` answers 200 with `token`, or fails after `seconds`, naming `what`.
+# How long `up` waits for each stage on a busy machine: a deadline, never a count of tries.
+STAGE_SECONDS=600
+
+# Fails naming `what`, with the end of every component's log.
+fail_with_logs() {
+  local dir="$1" what="$2" log
+  for log in "$dir"/logs/*.log; do
+    [ -f "$log" ] && { echo "--- the end of $log:"; tail -n 20 "$log"; } >&2
+  done
+  die "$what"
+}
+
+# Fails (with the logs) if a component started so far has exited.
+check_alive() {
+  local dir="$1" pid name
+  while read -r pid name; do
+    kill -0 "$pid" 2>/dev/null || fail_with_logs "$dir" "$name exited; its log: $dir/logs/$name.log"
+  done <"$dir/pids"
+}
+
+# Waits until `url` answers 200 with `token` (and, given `text`, a body holding it once blanks are
+# removed), polling until the stage's deadline; fails naming `what`.
 wait_ready() {
-  local url="$1" token="$2" seconds="$3" what="$4" dir="$5" deadline=$((SECONDS + $3))
-  until curl -fsS --cacert "$dir/pki/apiserver.crt" -H "Authorization: Bearer $token" "$url" >/dev/null 2>&1; do
-    if [ $SECONDS -ge $deadline ]; then
-      die "$what did not become ready within ${seconds}s; see $dir/logs"
+  local url="$1" token="$2" what="$3" dir="$4" text="${5:-}" deadline=$((SECONDS + STAGE_SECONDS)) body
+  while :; do
+    if body="$(curl -fsS --cacert "$dir/pki/apiserver.crt" -H "Authorization: Bearer $token" "$url" 2>&1)" \
+      && { [ -z "$text" ] || tr -d ' \n' <<<"$body" | grep -qF -- "$text"; }; then
+      return 0
     fi
-    while read -r pid name; do
-      kill -0 "$pid" 2>/dev/null || die "$name exited; its log: $dir/logs/$name.log"
-    done <"$dir/pids"
+    [ $SECONDS -lt $deadline ] || fail_with_logs "$dir" "$what: not within ${STAGE_SECONDS}s; the last answer: $body"
+    check_alive "$dir"
     sleep 0.2
   done
 }
 
-# Creates the object `body` (JSON) at API path `path` as the admin.
+# Creates the object `body` (JSON) at API path `path` as the admin, trying again until the stage's
+# deadline while the API server fails; one that exists already (an earlier try that got through
+# unanswered) counts as created.
 create() {
-  local dir="$1" port="$2" token="$3" path="$4" body="$5"
-  curl -fsS --cacert "$dir/pki/apiserver.crt" -H "Authorization: Bearer $token" \
-    -H 'Content-Type: application/json' -X POST --data "$body" "https://127.0.0.1:$port$path" >/dev/null \
-    || die "creating $path: see $dir/logs/kube-apiserver.log"
+  local dir="$1" port="$2" token="$3" path="$4" body="$5" deadline=$((SECONDS + STAGE_SECONDS)) code
+  while :; do
+    code="$(curl -sS -o "$dir/logs/create.out" -w '%{http_code}' --cacert "$dir/pki/apiserver.crt" \
+      -H "Authorization: Bearer $token" -H 'Content-Type: application/json' -X POST --data "$body" \
+      "https://127.0.0.1:$port$path" 2>>"$dir/logs/create.out")" || code=000
+    case "$code" in 201|200|409) return 0 ;; esac
+    [ $SECONDS -lt $deadline ] || fail_with_logs "$dir" "creating $path: HTTP $code: $(cat "$dir/logs/create.out")"
+    check_alive "$dir"
+    sleep 0.5
+  done
 }
 
 up() {
-  local dir="$1"
+  local dir="$1" etcd_in_memory="" etcd_data etcd_flags=()
+  case "${2:-}" in
+    "") ;;
+    --etcd-in-memory) etcd_in_memory=1 ;;
+    *) die "up: unknown option '$2' (--etcd-in-memory)" ;;
+  esac
   [ ! -s "$dir/pids" ] || die "$dir already holds a running control plane (down it first)"
   bin="$(build)"
-  mkdir -p "$dir/logs" "$dir/pki" && mkdir -p -m 700 "$dir/etcd"
+  mkdir -p "$dir/logs" "$dir/pki"
   dir="$(cd "$dir" && pwd)"
   : >"$dir/pids"
   # A failed start stops what it started.
   trap 'down "$dir"' EXIT
+  if [ -n "$etcd_in_memory" ]; then
+    [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] || die "--etcd-in-memory: /dev/shm is not a tmpfs"
+    etcd_data="$(mktemp -d /dev/shm/kart-etcd.XXXXXX)"
+    echo "$etcd_data" >"$dir/etcd-in-memory"
+    etcd_flags=(--unsafe-no-fsync)
+  else
+    etcd_data="$dir/etcd"
+  fi
+  chmod 700 "$etcd_data"
   command -v openssl >/dev/null || die "openssl is required (service account keys)"
   [ -f "$dir/pki/sa.key" ] || openssl genrsa -out "$dir/pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$dir/pki/sa.key" -pubout -out "$dir/pki/sa.pub" 2>/dev/null
@@ -137,9 +194,10 @@ $node,system:node:kart-node,system:node:kart-node,"system:nodes"
 $provisioner,kart-node-provisioner,kart-node-provisioner
 EOF
   local etcd_port peer_port api_port
-  etcd_port="$(free_port)"; peer_port="$(free_port)"; api_port="$(free_port)"
+  read -r etcd_port peer_port api_port <<<"${KART_CONTROL_PLANE_PORTS:-$(free_ports)}"
+  [ -n "$api_port" ] || die "KART_CONTROL_PLANE_PORTS: three ports are needed, got '$KART_CONTROL_PLANE_PORTS'"
 
-  start "$dir" etcd --name kart --data-dir "$dir/etcd" \
+  start "$dir" etcd --name kart --data-dir "$etcd_data" "${etcd_flags[@]}" \
     --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
     --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
     --initial-cluster "kart=http://127.0.0.1:$peer_port" --listen-metrics-urls "" --log-level warn
@@ -152,12 +210,13 @@ EOF
     --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key" \
     --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=false --endpoint-reconciler-type none
   # The API server writes its self-signed certificate (and its CA) before it listens.
-  local deadline=$((SECONDS + 60))
+  local deadline=$((SECONDS + STAGE_SECONDS))
   until [ -s "$dir/pki/apiserver.crt" ]; do
-    [ $SECONDS -lt $deadline ] || die "kube-apiserver wrote no certificate; see $dir/logs/kube-apiserver.log"
+    [ $SECONDS -lt $deadline ] || fail_with_logs "$dir" "kube-apiserver wrote no certificate within ${STAGE_SECONDS}s"
+    check_alive "$dir"
     sleep 0.2
   done
-  wait_ready "https://127.0.0.1:$api_port/readyz" "$admin" 120 kube-apiserver "$dir"
+  wait_ready "https://127.0.0.1:$api_port/readyz" "$admin" "kube-apiserver ready" "$dir"
 
   kubeconfig "$dir" "$api_port" kart-admin "$admin" >"$dir/kubeconfig"
   kubeconfig "$dir" "$api_port" system:kube-controller-manager "$cm" >"$dir/controller-manager.kubeconfig"
@@ -181,11 +240,12 @@ EOF
     --authentication-kubeconfig "$dir/controller-manager.kubeconfig" \
     --authorization-kubeconfig "$dir/controller-manager.kubeconfig" \
     --service-account-private-key-file "$dir/pki/sa.key" --root-ca-file "$dir/pki/apiserver.crt" \
-    --use-service-account-credentials --leader-elect=false --bind-address 127.0.0.1 --secure-port "$(free_port)" \
+    --use-service-account-credentials --leader-elect=false --secure-port 0 \
     --controllers '*,-nodeipam'
+  # Neither serves HTTPS (`--secure-port 0`): nothing here reads their health or metrics.
   start "$dir" kube-scheduler --kubeconfig "$dir/scheduler.kubeconfig" \
     --authentication-kubeconfig "$dir/scheduler.kubeconfig" --authorization-kubeconfig "$dir/scheduler.kubeconfig" \
-    --leader-elect=false --bind-address 127.0.0.1 --secure-port "$(free_port)"
+    --leader-elect=false --secure-port 0
 
   # kart's node agent, when built: Node `kart-node`, running its Pods as local processes.
   if [ -x "$node_agent" ]; then
@@ -197,11 +257,12 @@ EOF
   fi
 
   # Ready when the controller manager has made the default namespace's service account (and the
-  # node agent has registered its Node).
-  wait_ready "https://127.0.0.1:$api_port/api/v1/namespaces/default/serviceaccounts/default" "$admin" 120 \
+  # node agent's Node reports Ready).
+  wait_ready "https://127.0.0.1:$api_port/api/v1/namespaces/default/serviceaccounts/default" "$admin" \
     "kube-controller-manager (the default service account)" "$dir"
   if [ -x "$node_agent" ]; then
-    wait_ready "https://127.0.0.1:$api_port/api/v1/nodes/kart-node" "$admin" 60 "kart-node (its Node)" "$dir"
+    wait_ready "https://127.0.0.1:$api_port/api/v1/nodes/kart-node" "$admin" "kart-node (its Node Ready)" "$dir" \
+      '"type":"Ready","status":"True"'
   fi
   trap - EXIT
   echo "control-plane: up; export KUBECONFIG=$dir/kubeconfig" >&2
@@ -222,11 +283,15 @@ down() {
     done
   done
   : >"$dir/pids"
+  if [ -f "$dir/etcd-in-memory" ]; then
+    rm -rf -- "$(cat "$dir/etcd-in-memory")"
+    rm -f "$dir/etcd-in-memory"
+  fi
 }
 
 case "${1:-}" in
   build) build ;;
-  up) [ -n "${2:-}" ] || die "usage: $0 up DIR"; up "$2" ;;
+  up) [ -n "${2:-}" ] || die "usage: $0 up DIR [--etcd-in-memory]"; up "$2" "${3:-}" ;;
   down) [ -n "${2:-}" ] || die "usage: $0 down DIR"; down "$2" ;;
-  *) die "usage: $0 build | up DIR | down DIR" ;;
+  *) die "usage: $0 build | up DIR [--etcd-in-memory] | down DIR" ;;
 esac

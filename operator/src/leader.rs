@@ -97,11 +97,14 @@ impl LeaseLock {
         Ok(())
     }
 
-    /// Waits until this process holds the Lease, retrying every `retry`.
-    pub async fn acquire(&self, retry: Duration) -> Result<(), LeaderError> {
+    /// Waits until this process holds the Lease, trying every `retry`; a failed try (the API
+    /// server unreachable or slow) is logged and tried again, as client-go's elector does.
+    pub async fn acquire(&self, retry: Duration) {
         loop {
-            if self.try_acquire_or_renew().await? {
-                return Ok(());
+            match self.try_acquire_or_renew().await {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "acquiring the lease failed; trying again"),
             }
             tokio::time::sleep(retry).await;
         }

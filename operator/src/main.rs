@@ -149,7 +149,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(lock) = &lock {
         tracing::info!(lease = %args.lease_name, %identity, "waiting for leadership");
         tokio::select! {
-            acquired = lock.acquire(Duration::from_secs(2)) => acquired.context("leader election")?,
+            () = lock.acquire(Duration::from_secs(2)) => {}
             () = termination() => return Ok(()),
         }
         tracing::info!(%identity, "leading");

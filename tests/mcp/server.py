@@ -33,16 +33,32 @@ def capital(country: str) -> str:
 
 in_flight = 0
 most_in_flight = 0
+arrivals = asyncio.Condition()
 
 
 @server.tool()
-async def wait(seconds: float) -> str:
-    """Sleep, then say so (counts the calls in flight at once)."""
+async def wait(seconds: float, until_in_flight: int = 0) -> str:
+    """Sleep, then say so (counts the calls in flight at once); with `until_in_flight`, only until
+    that many calls have been in flight together."""
     global in_flight, most_in_flight
     in_flight += 1
     most_in_flight = max(most_in_flight, in_flight)
     try:
-        await asyncio.sleep(seconds)
+        async with arrivals:
+            arrivals.notify_all()
+        if until_in_flight:
+            reached = lambda: most_in_flight >= until_in_flight  # noqa: E731
+
+            async def arrived():
+                async with arrivals:  # released while waiting
+                    await arrivals.wait_for(reached)
+
+            try:
+                await asyncio.wait_for(arrived(), seconds)
+            except TimeoutError:
+                pass
+        else:
+            await asyncio.sleep(seconds)
     finally:
         in_flight -= 1
     return f"waited {seconds}"

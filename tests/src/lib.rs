@@ -9,7 +9,7 @@ pub mod operator;
 
 use std::path::{Path, PathBuf};
 
-pub use kart_testing::{repo_root, shared as shared_dir};
+pub use kart_testing::{free_port, repo_root, shared as shared_dir};
 
 /// A binary of the workspace, built in the same profile as the running test.
 ///
@@ -49,33 +49,28 @@ impl Drop for Child {
     }
 }
 
-/// A TCP port that was free a moment ago on 127.0.0.1 and that this process has not handed out
-/// before.
-///
-/// The port is released before a child binds it, so the kernel may offer it again to the next
-/// caller; two servers of one test would then race for it and the loser's URL would reach the
-/// winner. Remembering every port handed out closes that race within the test process.
-pub fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("bind a free port")
-            .port();
-        if !handed_out.contains(&port) {
-            handed_out.push(port);
-            return port;
-        }
-    }
+/// A blocking HTTP client for requests a test expects answered: straight to the address (no
+/// proxy), and patient, since a loaded machine may take long to answer; a server that never does
+/// fails the test after ten minutes rather than hanging it.
+pub fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(600))
+        .build()
+        .expect("a plain HTTP client builds")
 }
 
 /// Polls `url` until it answers 200, the child exits, or `deadline` passes.
 pub fn wait_ready(url: &str, child: &mut Child, deadline: std::time::Duration) {
-    let client = reqwest::blocking::Client::new();
+    let client = http();
     let start = std::time::Instant::now();
     loop {
-        if let Ok(r) = client.get(url).timeout(std::time::Duration::from_secs(2)).send()
+        // A request waits up to 30 s: a loaded machine may answer slowly, and a server that is
+        // not listening yet refuses at once.
+        let wait = deadline
+            .saturating_sub(start.elapsed())
+            .clamp(std::time::Duration::from_secs(1), std::time::Duration::from_secs(30));
+        if let Ok(r) = client.get(url).timeout(wait).send()
             && r.status().is_success()
         {
             return;
@@ -177,7 +172,7 @@ pub fn corpus_retriever(dir: &Path) -> (Child, String) {
             .unwrap(),
     );
     let url = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{url}/readyz"), &mut child, std::time::Duration::from_secs(60));
+    wait_ready(&format!("{url}/readyz"), &mut child, std::time::Duration::from_secs(300));
     (child, url)
 }
 
@@ -231,7 +226,7 @@ pub fn rollout_worker(dir: &Path, engine: serde_json::Value, retriever_url: &str
             .expect("start kart rollout serve"),
     );
     let url = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{url}/readyz"), &mut child, std::time::Duration::from_secs(120));
+    wait_ready(&format!("{url}/readyz"), &mut child, std::time::Duration::from_secs(300));
     (child, url)
 }
 
@@ -244,17 +239,4 @@ pub fn steps_logged(output_dir: &Path) -> Vec<u64> {
 /// `kart_x_total{kind="a"}`) in a Prometheus text exposition.
 pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::free_port;
-
-    #[test]
-    fn free_port_never_hands_out_a_port_twice() {
-        let mut ports: Vec<u16> = (0..500).map(|_| free_port()).collect();
-        ports.sort_unstable();
-        ports.dedup();
-        assert_eq!(ports.len(), 500);
-    }
 }

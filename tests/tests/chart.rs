@@ -10,9 +10,9 @@ use kart_core::config::rollout::RolloutConfig;
 use kart_core::config::train::TrainConfig;
 use kart_operator::build::training_job::render_config;
 use kart_operator::crd::TrainingJob;
-use kart_tests::control_plane::ControlPlane;
+use kart_tests::control_plane::{API_SECONDS, ControlPlane};
 use kart_tests::operator::Operator;
-use kart_tests::{Child, binary, free_port, python, repo_root, shared_dir, wait_ready};
+use kart_tests::{Child, binary, free_port, http, python, repo_root, shared_dir, wait_ready};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -297,13 +297,13 @@ fn start_kart(dir: &Path) -> Kart {
     std::fs::write(&embedded_config, config_json.to_string()).unwrap();
     let mut embedded =
         spawn(Command::new(&kart).args(["rollout", "serve", "--config"]).arg(&embedded_config));
-    let deadline = Duration::from_secs(60);
+    let deadline = Duration::from_secs(300);
     wait_ready(&format!("{retriever_url}/readyz"), &mut retriever, deadline);
     wait_ready(&format!("{sglang_url}/health"), &mut sglang, deadline);
     wait_ready(&format!("{rollout_url}/readyz"), &mut rollout, deadline);
     wait_ready(&format!("{embedded_url}/readyz"), &mut embedded, deadline);
 
-    let client = reqwest::blocking::Client::new();
+    let client = http();
     let post = |url: String, body: Value| client.post(url).json(&body).send().unwrap();
     assert!(
         post(format!("{retriever_url}/retrieve"), json!({"queries": ["hamlet"], "topk": 2}))
@@ -341,8 +341,8 @@ fn start_kart(dir: &Path) -> Kart {
     });
     std::fs::write(dir.join("train.json"), train_config.to_string()).unwrap();
     let mut trainer = spawn(Command::new(&kart).args(["train", "--config"]).arg(dir.join("train.json")));
-    wait_ready(&format!("{trainer_url}/readyz"), &mut trainer, Duration::from_secs(120));
-    poll("the trainer's first step", Duration::from_secs(120), || {
+    wait_ready(&format!("{trainer_url}/readyz"), &mut trainer, Duration::from_secs(300));
+    poll("the trainer's first step", Duration::from_secs(600), || {
         let status: Value = client.get(format!("{trainer_url}/status")).send().ok()?.json().ok()?;
         (status["step"].as_u64()? >= 1).then_some(())
     });
@@ -384,9 +384,9 @@ fn start_operator(dir: &Path) -> (Operator, ControlPlane) {
     let args = ["--namespace", "ml", "--lease-namespace", "ml", "--status-poll-seconds", "10"];
     let operator =
         Operator::start(&cp.kubeconfig, "kart-operator-0", &dir.join("operator.log"), &args, None).unwrap();
-    let client = reqwest::blocking::Client::new();
+    let client = http();
     let url = format!("{}/metrics", operator.url);
-    poll("the operator's metrics of both reconcilers", Duration::from_secs(60), || {
+    poll("the operator's metrics of both reconcilers", Duration::from_secs(API_SECONDS), || {
         let page = client.get(&url).send().ok()?.text().ok()?;
         let seen = [
             r#"kart_operator_reconcile_errors_total{controller="retriever",reason="api"}"#,
@@ -401,7 +401,7 @@ fn start_operator(dir: &Path) -> (Operator, ControlPlane) {
 fn dashboards_and_alerts_use_only_metrics_kart_exports() {
     let dir = temp_dir("metrics");
     let kart = start_kart(&dir);
-    let client = reqwest::blocking::Client::new();
+    let client = http();
     let mut all = BTreeMap::new();
     for (name, url) in &kart.targets {
         let page = client.get(url).send().unwrap().text().unwrap();
@@ -440,11 +440,12 @@ fn dashboards_and_alerts_use_only_metrics_kart_exports() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-fn prometheus_query(client: &reqwest::blocking::Client, base: &str, query: &str) -> Vec<Value> {
+/// The result of `query`, or `None` while Prometheus does not answer (a poll asks again).
+fn prometheus_query(client: &reqwest::blocking::Client, base: &str, query: &str) -> Option<Vec<Value>> {
     let url = reqwest::Url::parse_with_params(&format!("{base}/api/v1/query"), [("query", query)]).unwrap();
-    let answer: Value = client.get(url).send().unwrap().json().unwrap();
+    let answer: Value = client.get(url).send().ok()?.json().ok()?;
     assert_eq!(answer["status"], "success", "{query}: {answer}");
-    answer["data"]["result"].as_array().cloned().unwrap_or_default()
+    Some(answer["data"]["result"].as_array().cloned().unwrap_or_default())
 }
 
 #[test]
@@ -474,34 +475,38 @@ fn prometheus_scrapes_kart_and_evaluates_the_alerts() {
             .arg(format!("--web.listen-address=127.0.0.1:{port}")),
     );
     let base = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{base}/-/ready"), &mut prometheus, Duration::from_secs(60));
+    wait_ready(&format!("{base}/-/ready"), &mut prometheus, Duration::from_secs(300));
 
-    let client = reqwest::blocking::Client::new();
-    let deadline = Duration::from_secs(60);
+    let client = http();
+    let deadline = Duration::from_secs(300);
     // A retriever metric, a rollout metric and a training metric, as scraped.
     let documents = poll("kart_retriever_documents scraped", deadline, || {
-        prometheus_query(&client, &base, r#"kart_retriever_documents{job="kart-retriever"}"#).pop()
+        prometheus_query(&client, &base, r#"kart_retriever_documents{job="kart-retriever"}"#)?.pop()
     });
     assert_eq!(documents["value"][1], "3", "{documents}");
     let searches = poll("kart_rollout_tool_calls_total scraped", deadline, || {
-        prometheus_query(&client, &base, r#"sum(kart_rollout_tool_calls_total{tool="search", outcome="ok"})"#)
-            .pop()
+        prometheus_query(
+            &client,
+            &base,
+            r#"sum(kart_rollout_tool_calls_total{tool="search", outcome="ok"})"#,
+        )?
+        .pop()
     });
     assert_eq!(searches["value"][1], "4", "{searches}");
     let steps = poll("kart_trainer_step scraped", deadline, || {
-        prometheus_query(&client, &base, r#"kart_trainer_step{job="kart-trainer"} >= 1"#).pop()
+        prometheus_query(&client, &base, r#"kart_trainer_step{job="kart-trainer"} >= 1"#)?.pop()
     });
     assert!(steps["value"][1].as_str().unwrap().parse::<f64>().unwrap() >= 1.0, "{steps}");
     // And the operator's.
     let waiting = poll("kart_operator_training_jobs scraped", deadline, || {
         let query = r#"kart_operator_training_jobs{job="kart-operator", phase="WaitingForDependencies"}"#;
-        prometheus_query(&client, &base, query).pop()
+        prometheus_query(&client, &base, query)?.pop()
     });
     assert_eq!(waiting["value"][1], "1", "{waiting}");
 
     // Every alerting rule loads and evaluates without error against the scraped series.
     let rules: Vec<Value> = poll("every rule evaluated", deadline, || {
-        let answer: Value = client.get(format!("{base}/api/v1/rules")).send().unwrap().json().unwrap();
+        let answer: Value = client.get(format!("{base}/api/v1/rules")).send().ok()?.json().ok()?;
         let rules: Vec<Value> = answer["data"]["groups"]
             .as_array()?
             .iter()

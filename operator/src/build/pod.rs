@@ -62,19 +62,23 @@ pub fn template(
     volumes: Vec<Volume>,
     restart_policy: Option<&str>,
 ) -> PodTemplateSpec {
-    let probe = |path: &str, port: u16, period: i32| Probe {
+    // Kubernetes' default probe time-out, 1 s, is shorter than a busy node (a trainer's rank
+    // saturating the cores beside a worker) may take to answer: a liveness probe would then kill
+    // a healthy worker.
+    let probe = |path: &str, port: u16, period: i32, timeout: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
             port: IntOrString::Int(i32::from(port)),
             ..HTTPGetAction::default()
         }),
         period_seconds: Some(period),
+        timeout_seconds: Some(timeout),
         ..Probe::default()
     };
     let first_port = parts.ports.first().map(|p| p.1);
     let (readiness, liveness) = match (parts.probes, first_port) {
         (Some((ready, live)), Some(port)) => {
-            (Some(probe(ready, port, 5)), live.map(|live| probe(live, port, 20)))
+            (Some(probe(ready, port, 5, 5)), live.map(|live| probe(live, port, 20, 10)))
         }
         _ => (None, None),
     };

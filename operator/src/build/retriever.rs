@@ -304,6 +304,10 @@ mod tests {
             (probe.path.as_deref(), &probe.port),
             (Some("/readyz"), &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8000))
         );
+        // Probes wait for a busy node's answer longer than Kubernetes' default of 1 s.
+        let timeouts = [&container.readiness_probe, &container.liveness_probe]
+            .map(|p| p.as_ref().and_then(|p| p.timeout_seconds));
+        assert_eq!(timeouts, [Some(5), Some(10)]);
         let mounts: Vec<_> =
             container.volume_mounts.iter().flatten().map(|m| (m.mount_path.as_str(), m.read_only)).collect();
         assert_eq!(mounts, [("/etc/kart", Some(true)), (INDEX_DIR, Some(true)), ("/data", None)]);

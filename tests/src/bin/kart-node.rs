@@ -17,6 +17,8 @@ use std::time::Duration;
 /// How often the Pods and claims are looked at, and the Node's Lease renewed.
 const TICK: Duration = Duration::from_millis(200);
 const HEARTBEAT: Duration = Duration::from_secs(10);
+/// The pause before registering the Node again after a failure.
+const RETRY: Duration = Duration::from_secs(1);
 
 /// A client with the credentials of `kubeconfig`.
 async fn client_of(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
@@ -56,20 +58,32 @@ async fn main() -> anyhow::Result<()> {
     let provisioner = Provisioner::new(client_of(&provisioner).await?, dir.join("volumes"));
     let (proxy, _proxy_task) = network::serve_proxy(client.clone(), &name).await?;
     std::fs::write(dir.join("proxy-url"), &proxy)?;
-    registration::register(&client, &name).await?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // The API server may be slow or briefly unreachable (a loaded machine): registering is tried
+    // again until it succeeds, as a kubelet does.
+    while let Err(e) = registration::register(&client, &name).await {
+        eprintln!("kart-node: registering node {name}: {e}; trying again");
+        tokio::select! {
+            _ = terminate.recv() => return Ok(()),
+            _ = tokio::time::sleep(RETRY) => {}
+        }
+    }
     let bin_dir = std::env::current_exe()?.parent().expect("a binary folder").to_path_buf();
     let kubelet = Kubelet::new(client.clone(), &name, dir, &bin_dir, proxy);
     eprintln!("kart-node: node {name} registered; running its Pods");
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    // The heartbeat has a task of its own, so a slow sync of the Pods never lets the Lease lapse.
+    tokio::spawn(async move {
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        loop {
+            heartbeat.tick().await;
+            if let Err(e) = registration::heartbeat(&client, &name).await {
+                eprintln!("kart-node: heartbeat: {e}");
+            }
+        }
+    });
     loop {
         tokio::select! {
             _ = terminate.recv() => return Ok(()),
-            _ = heartbeat.tick() => {
-                if let Err(e) = registration::heartbeat(&client, &name).await {
-                    eprintln!("kart-node: heartbeat: {e}");
-                }
-            }
             _ = tokio::time::sleep(TICK) => {
                 let (pods, volumes) = futures::join!(kubelet.sync(), provisioner.sync());
                 for e in [pods.err(), volumes.err()].into_iter().flatten() {

@@ -29,7 +29,7 @@ pub(super) fn config() -> OnlineConfig {
         cache_bytes: 1 << 20,
         concurrency: 4,
         per_host_concurrency: 4,
-        timeout_secs: 10.0,
+        timeout_secs: 60.0,
         retries: 2,
         backoff_ms: 1,
         allow_internal: vec!["127.0.0.1".into()],

@@ -261,7 +261,7 @@ mod tests {
         let body = answer(json!({"type": "stop", "matched": 151645}), "default");
         let (a, seen_a) = fake(StatusCode::OK, body.clone()).await;
         let (b, seen_b) = fake(StatusCode::OK, body).await;
-        let timeout = Duration::from_secs(10);
+        let timeout = Duration::from_secs(60);
         let sglang = |url: &str| Arc::new(SglangEngine::new(url, timeout)) as Arc<dyn Engine>;
         let balanced = Balanced::new(vec![sglang(&a), sglang(&b)]).unwrap();
         for _ in 0..4 {

@@ -142,11 +142,10 @@ pub(super) async fn serve(router: axum::Router) -> String {
     format!("http://{addr}")
 }
 
-/// A local URL where nothing listens.
+/// A local URL where nothing listens: a port reserved for this test process that nobody binds.
 #[cfg(test)]
 pub(super) fn dead_url() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    format!("http://127.0.0.1:{port}")
+    format!("http://127.0.0.1:{}", kart_testing::free_port())
 }
 
 #[cfg(test)]

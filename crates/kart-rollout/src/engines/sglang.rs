@@ -381,7 +381,7 @@ pub(super) mod tests {
     }
 
     fn engine(url: &str) -> SglangEngine {
-        SglangEngine::new(url, Duration::from_secs(10))
+        SglangEngine::new(url, Duration::from_secs(60))
     }
 
     #[tokio::test]
@@ -505,7 +505,7 @@ pub(super) mod tests {
 
         let failed = json!({"success": false, "message": "Failed to get weights iterator: /ckpt/x not found", "num_paused_requests": 0});
         let (url, _) = fake(StatusCode::BAD_REQUEST, failed.to_string()).await;
-        let engine = SglangEngine::new(&url, Duration::from_secs(10));
+        let engine = SglangEngine::new(&url, Duration::from_secs(60));
         match engine.update_weights_from_disk("/ckpt/x", 4, false).await.unwrap_err() {
             EngineError::Invalid(message) => assert!(message.contains("/ckpt/x not found"), "{message}"),
             other => panic!("expected Invalid, got {other:?}"),

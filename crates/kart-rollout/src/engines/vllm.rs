@@ -341,7 +341,7 @@ mod tests {
     }
 
     fn engine(url: &str) -> VllmEngine {
-        VllmEngine::new(url, "qwen", Duration::from_secs(10))
+        VllmEngine::new(url, "qwen", Duration::from_secs(60))
     }
 
     #[tokio::test]

@@ -195,7 +195,7 @@ mod tests {
         assert_eq!(access.call(&json!({"url": "https://example.org/a"})).await.unwrap(), "# A\n\nSome text.");
         let err = access.call(&json!({"url": "https://example.org/b"})).await.unwrap_err();
         assert_eq!(err.0, "https://example.org/b: 404 Not Found");
-        let config = SandboxConfig { timeout_secs: 5, cpu_secs: 5, ..SandboxConfig::default() };
+        let config = SandboxConfig { timeout_secs: 60, cpu_secs: 60, ..SandboxConfig::default() };
         let python = PythonFunction::new(Arc::new(PythonSandbox::new(config).unwrap()));
         assert_eq!(python.name(), "python");
         assert_eq!(python.call(&json!({"code": "print(6 * 7)"})).await.unwrap(), "42");

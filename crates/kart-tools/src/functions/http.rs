@@ -132,18 +132,23 @@ pub(crate) mod tests {
         assert_eq!(err.0, format!("weather: {url} answered 500 Internal Server Error: still down"));
     }
 
-    /// A server holding each request 100 ms, reporting the most it held at once.
-    async fn counting_server() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    /// A server holding each request until `until` requests have been held at once, or for
+    /// `hold`, reporting the most it held at once.
+    async fn counting_server(
+        until: usize,
+        hold: std::time::Duration,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/call", listener.local_addr().unwrap());
         let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (reached, _) = tokio::sync::watch::channel(0usize);
         let seen = most.clone();
         tokio::spawn(async move {
             loop {
                 let (mut stream, _) = listener.accept().await.unwrap();
-                let (now, most) = (now.clone(), most.clone());
+                let (now, most, reached) = (now.clone(), most.clone(), reached.clone());
                 tokio::spawn(async move {
                     let mut request = Vec::new();
                     let mut buf = [0u8; 1024];
@@ -151,9 +156,11 @@ pub(crate) mod tests {
                         let n = stream.read(&mut buf).await.unwrap();
                         request.extend_from_slice(&buf[..n]);
                     }
+                    let mut waiting = reached.subscribe();
                     let held = now.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(held, Ordering::SeqCst);
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    reached.send_modify(|m| *m = (*m).max(held));
+                    let _ = tokio::time::timeout(hold, waiting.wait_for(|m| *m >= until)).await;
                     now.fetch_sub(1, Ordering::SeqCst);
                     let reply = "HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\n\"ok\"";
                     stream.write_all(reply.as_bytes()).await.unwrap();
@@ -166,14 +173,17 @@ pub(crate) mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_in_flight_stay_within_the_concurrency() {
         use std::sync::atomic::Ordering;
-        for concurrency in [1, 3] {
-            let (url, most) = counting_server().await;
+        use std::time::Duration;
+        // Each request is held until the three are in flight together: briefly when only one may
+        // be, else as long as a loaded machine may take to send them all.
+        for (concurrency, hold) in [(1, Duration::from_millis(100)), (3, Duration::from_secs(300))] {
+            let (url, most) = counting_server(3, hold).await;
             let mut config = HttpFunctionConfig {
                 name: "slow".into(),
                 description: String::new(),
                 parameters: json!({"type": "object"}),
                 url,
-                limits: CallLimits::default(),
+                limits: CallLimits { timeout_secs: 600.0, ..CallLimits::default() },
             };
             config.limits.concurrency = concurrency;
             let slow = HttpFunction::new(&config);
@@ -186,7 +196,8 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn an_unreachable_endpoint_fails_the_call() {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        // A reserved port nothing listens on.
+        let port = kart_testing::free_port();
         let err = function(&format!("http://127.0.0.1:{port}/call"), 1).call(&json!({})).await.unwrap_err();
         assert!(
             err.0.starts_with("weather: http://127.0.0.1") && err.0.contains("could not be reached"),

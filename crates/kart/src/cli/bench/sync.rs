@@ -326,15 +326,16 @@ fn standin(python: &Path, script: &Path, model_dir: &Path) -> anyhow::Result<(Ch
     Ok((ChildGuard(child), format!("http://127.0.0.1:{port}")))
 }
 
-/// Waits (at most a minute) until the server at `url` answers `/health`.
+/// Waits (at most five minutes: it imports PyTorch, slow on a loaded machine) until the server
+/// at `url` answers `/health`.
 async fn ready(url: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(300);
     let client = reqwest::Client::new();
     loop {
         if client.get(format!("{url}/health")).send().await.is_ok_and(|r| r.status().is_success()) {
             return Ok(());
         }
-        anyhow::ensure!(Instant::now() < deadline, "the server at {url} did not start within a minute");
+        anyhow::ensure!(Instant::now() < deadline, "the server at {url} did not start within five minutes");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
