@@ -287,7 +287,7 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        let _ = script(&["down", &self.dir.display().to_string()]);
+        let _ = script(&["down", &self.dir.display().to_string()]).output();
     }
 }
 

@@ -353,6 +353,20 @@ fn the_node_agent_runs_what_the_scheduler_binds_to_it() {
     cp.run_kubectl(&["delete", "job", "version", "--cascade=foreground", "--wait=false"]).unwrap();
     until_none(&cp, "the Job removed", &["job", "version", "--ignore-not-found"]);
     until_none(&cp, "the Job's Pod removed", &["pods", "-l", "job-name=version"]);
+
+    // Dropped, the control plane stops every process it started and frees etcd's memory.
+    let pids: Vec<i32> = std::fs::read_to_string(cp.dir.join("pids"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    let etcd_data = std::fs::read_to_string(cp.dir.join("etcd-in-memory")).unwrap();
+    assert!(pids.len() >= 5 && Path::new(etcd_data.trim()).is_dir(), "{pids:?} {etcd_data}");
+    drop(cp);
+    // SAFETY: signal 0 only checks whether a process exists.
+    let alive: Vec<i32> = pids.into_iter().filter(|&pid| unsafe { libc::kill(pid, 0) } == 0).collect();
+    assert!(alive.is_empty(), "left running: {alive:?}");
+    assert!(!Path::new(etcd_data.trim()).exists(), "{etcd_data} left behind");
 }
 
 /// Two operator replicas elect one leader on a real Lease: the leader reconciles, and when it is
