@@ -1,8 +1,30 @@
 #!/usr/bin/env bash
-# kart on a machine with CUDA GPUs, after `make build` (or with KART=/path/to/kart built against
-# this machine's torch). kart is built and tested without a GPU; run this whenever one is at hand
-# and put its figures in the README with the date and the card.
+# kart on GPUs. Three modes:
 #
+#   scripts/gpu-check.sh                        every GPU of a machine with kart built there (below)
+#   scripts/gpu-check.sh --single-gpu OUT       one GPU, from the device kit (.device/, built here by
+#                                               scripts/device-kit.sh; the GPU machine's own PyTorch,
+#                                               transformers and Python are the anchors)
+#   scripts/gpu-check.sh --cpu-rehearsal OUT    the --single-gpu steps on the CPU with tiny shapes and
+#                                               the project's venv, so a broken step is found here
+#
+# --single-gpu and --cpu-rehearsal run these steps (scripts/device/check-steps.sh), each logged,
+# timed and bounded, a failure recorded and the rest still run, within 8 minutes in all, then write
+# OUT/gpu-check.json (every step's status and figures), OUT/gpu-check.md (the tables) and
+# OUT/logs.tar.gz (scripts/device/report.py):
+#   doctor        `kart doctor --json`: CUDA, the devices and their memory, NCCL
+#   model-f32     logits and greedy tokens of a Qwen2.5-0.5B-shaped random model against transformers
+#   model-bf16    on the same GPU, in f32 and in bf16; generation tokens/s at batch 1 and 32
+#   step-gpu      one GRPO step's policy loss and gradient norm on the GPU, and the same step on
+#   step-cpu      the CPU (f32, the fixture's shape)
+#   train-0.5b    a GRPO step (policy + reference, bf16, activation checkpointing) of the 0.5B and
+#   train-1.5b    1.5B shapes against the same step in torch: tokens/s and MFU against the bf16 peak
+#   memory        `kart bench train --memory --precision bf16` (peak from the CUDA allocator)
+#   dense         the dense index's exact scan, 1M x 768 in f16, against torch's matmul + topk
+#   local         `kart local --device cuda --steps 2` on a small world: the whole loop on a GPU
+#
+# Every GPU (no argument), after `make build` (or with KART=/path/to/kart built against this
+# machine's torch):
 #   1. `kart doctor`: CUDA support loaded, the devices, NCCL, and each component's device.
 #   2. 3 GRPO steps (the trainer's update) of a fixture-shaped model on one GPU, and with several
 #      GPUs on all of them over NCCL, each against the same steps in PyTorch (DDP under torchrun).
@@ -27,6 +49,13 @@
 # PEAK_TFLOPS sets the card's dense f32 peak for MFU (guessed for H100, H200, A100 and L40S).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+case "${1:-}" in
+  --single-gpu|--cpu-rehearsal)
+    [ -n "${2:-}" ] || { echo "usage: $0 $1 OUT" >&2; exit 2; }
+    exec bash scripts/device/check-steps.sh "${1#--}" "$2" ;;
+  "") ;;
+  *) echo "usage: $0 [--single-gpu OUT | --cpu-rehearsal OUT]" >&2; exit 2 ;;
+esac
 source scripts/env.sh
 KART="${KART:-${CARGO_TARGET_DIR:-target}/release/kart}"
 [ -x "$KART" ] || { echo "gpu-check: $KART is missing; run \`make build\` or set KART" >&2; exit 1; }

@@ -37,18 +37,7 @@ wanted="$(sha256sum "$requirements" | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   echo "setup: installing Python packages from scripts/requirements.txt (PyTorch is ~5 GB the first time)"
   "$venv/bin/python" -m pip install --quiet --retries 10 --upgrade pip
-  # The wheels are large (CUDA libraries); a dropped connection resumes, and a failed install is
-  # tried again after a growing pause (pip keeps the wheels it finished in its cache), so a network
-  # outage of a few minutes costs minutes, not the run.
-  attempts=6
-  for attempt in $(seq "$attempts"); do
-    "$venv/bin/python" -m pip install --quiet --retries 10 --timeout 60 --resume-retries 20 \
-      -r "$requirements" && break
-    [ "$attempt" -lt "$attempts" ] || { echo "setup: pip install failed $attempts times" >&2; exit 1; }
-    pause=$(( 15 * 2 ** (attempt - 1) ))
-    echo "setup: pip install failed (attempt $attempt of $attempts); trying again in ${pause}s"
-    sleep "$pause"
-  done
+  bash "$root/scripts/pip-install.sh" "$venv/bin/python" -r "$requirements"
   echo "$wanted" > "$stamp"
 fi
 

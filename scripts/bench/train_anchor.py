@@ -2,17 +2,20 @@
 on one process or data-parallel under torchrun (DistributedDataParallel over Gloo on the CPU,
 NCCL on CUDA).
 
-Usage: torchrun --nproc-per-node N train_anchor.py MODEL_DIR BATCH_JSON STEPS OUT_JSON DEVICE
+Usage: torchrun --nproc-per-node N train_anchor.py MODEL_DIR BATCH_JSON STEPS OUT_JSON DEVICE \
+           [PRECISION [CHECKPOINTING]]
 
-Every rank loads MODEL_DIR twice (the policy and the frozen reference; f32, OMP_NUM_THREADS
-threads) and reads the global batch
+Every rank loads MODEL_DIR twice (the policy and the frozen reference; f32 weights,
+OMP_NUM_THREADS threads), computes in PRECISION (`f32`, the default, or `bf16`: autocast to
+bfloat16 over the f32 weights), with transformers' gradient checkpointing when CHECKPOINTING is
+`checkpointing` (`keep`, the default, keeps the activations), and reads the global batch
 
   {"input_ids": [[int]], "prompt_len": int, "rewards": [float], "groups": [int]}
 
 of which rank r computes rows r, r + N, ...; then it runs 1 + STEPS steps, each timed from a
 barrier to the end of the optimiser step, and rank 0 writes OUT_JSON:
 
-  {"threads", "torch", "transformers", "steps": [{"seconds", "entropy", "kl"}]}
+  {"threads", "torch", "transformers", "steps": [{"seconds", "entropy", "kl", "pg_loss", "grad_norm"}]}
 
 A step: GRPO advantages of the whole batch (group mean and unbiased std, epsilon 1e-6) on the
 response tokens; old log-probabilities and the entropy (logged, as verl does from this pass) and
@@ -23,6 +26,7 @@ gradients); gradient clipping at norm 1; AdamW (lr 1e-6, weight decay 0.01). Log
 come from the full logits sliced to the response, as verl computes them.
 """
 
+import contextlib
 import gc
 import json
 import os
@@ -57,7 +61,7 @@ def grpo_advantages(rewards, groups):
     return advantages
 
 
-def step(policy, trained, reference, optimizer, batch, rank, world, device):
+def step(policy, trained, reference, optimizer, batch, rank, world, device, precision):
     rows = slice(rank, None, world)
     all_ids = torch.tensor(batch["input_ids"])
     ids = all_ids[rows].to(device)
@@ -67,10 +71,11 @@ def step(policy, trained, reference, optimizer, batch, rank, world, device):
     # that DDP's gradient average divides by.
     tokens = all_ids.shape[0] * (all_ids.shape[1] - 1 - start)
     scale = world / tokens
-    with torch.no_grad():
+    with precision(), torch.no_grad():
         old, entropy = logprobs(policy, ids, start, with_entropy=True)
         ref = logprobs(reference, ids, start)
-    new = logprobs(trained, ids, start)
+    with precision():
+        new = logprobs(trained, ids, start)
     ratio = torch.exp(torch.clamp(new - old, -20.0, 20.0))
     clipped = torch.maximum(-advantages * ratio, -advantages * torch.clamp(ratio, 0.8, 1.2))
     token_loss = torch.where(advantages < 0, torch.minimum(-advantages * 3.0, clipped), clipped)
@@ -79,16 +84,17 @@ def step(policy, trained, reference, optimizer, batch, rank, world, device):
     kl = torch.clamp(torch.exp(d) - d - 1, -10.0, 10.0).sum() * scale
     loss = pg_loss + 0.001 * kl
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    logged = torch.stack([entropy.sum() / tokens, kl.detach() / world])
+    logged = torch.stack([entropy.sum() / tokens, kl.detach() / world, pg_loss.detach() / world])
     if world > 1:
         dist.all_reduce(logged)
-    return {"entropy": logged[0].item(), "kl": logged[1].item()}
+    return {"entropy": logged[0].item(), "kl": logged[1].item(), "pg_loss": logged[2].item(),
+            "grad_norm": grad_norm.item()}
 
 
-def main(model_dir, batch_path, steps, out, device_kind):
+def main(model_dir, batch_path, steps, out, device_kind, precision="f32", checkpointing="keep"):
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if device_kind == "cuda" else torch.device("cpu")
@@ -99,8 +105,14 @@ def main(model_dir, batch_path, steps, out, device_kind):
     transformers.utils.logging.disable_progress_bar()
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    if checkpointing == "checkpointing":
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy.train()
     reference.eval().requires_grad_(False)
+    if precision == "bf16":
+        autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
+    else:
+        autocast = contextlib.nullcontext
     trained = DistributedDataParallel(policy, device_ids=[device] if device.type == "cuda" else None) if world > 1 else policy
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     with open(batch_path) as f:
@@ -110,7 +122,7 @@ def main(model_dir, batch_path, steps, out, device_kind):
         if world > 1:
             dist.barrier()
         begin = time.perf_counter()
-        reply = step(policy, trained, reference, optimizer, batch, rank, world, device)
+        reply = step(policy, trained, reference, optimizer, batch, rank, world, device, autocast)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         reply["seconds"] = time.perf_counter() - begin

@@ -67,6 +67,11 @@ fn quick_model_bench_reports_every_metric() {
     let (kart, anchor) =
         (report["loss"]["kart"].as_f64().unwrap(), report["loss"]["anchor"].as_f64().unwrap());
     assert!((kart - anchor).abs() < 1e-4, "loss: kart {kart}, transformers {anchor}");
+    // And the same logits (f32 on the CPU).
+    let logits = &report["logits"];
+    assert!(logits["max_abs_diff"].as_f64().unwrap() < 1e-4, "{logits}");
+    assert_eq!(logits["argmax_agreement"].as_f64(), Some(1.0), "{logits}");
+    assert_eq!((report["device"].as_str(), report["precision"].as_str()), (Some("Cpu"), Some("f32")));
 }
 
 #[test]
@@ -85,13 +90,20 @@ fn quick_train_bench_on_two_ranks_matches_ddp_and_reports_the_scaling() {
     let entropy = figure(&pairs[0], "kart", 0, "entropy");
     let kl = figure(&pairs[0], "kart", 1, "kl");
     assert!(kl > 0.0, "the policy moved from the reference: {report}");
+    let (pg_loss, grad_norm) =
+        (figure(&pairs[0], "kart", 0, "pg_loss"), figure(&pairs[0], "kart", 0, "grad_norm"));
+    assert!(grad_norm > 0.0, "{report}");
     for pair in pairs {
         let share = (std::thread::available_parallelism().unwrap().get() / 2).max(1);
         assert_eq!(pair["kart"]["threads"], share, "each rank gets an equal share of the cores");
         for side in ["kart", "torch"] {
             assert!((figure(pair, side, 0, "entropy") - entropy).abs() < 1e-5, "{report}");
             assert!((figure(pair, side, 1, "kl") - kl).abs() < 1e-3 * kl, "{report}");
+            // The same policy loss and gradient norm on the first step (the same weights).
+            assert!((figure(pair, side, 0, "pg_loss") - pg_loss).abs() < 1e-5, "{report}");
+            assert!((figure(pair, side, 0, "grad_norm") - grad_norm).abs() < 1e-4 * grad_norm, "{report}");
         }
+        assert!(pair["mfu"]["kart"].as_f64().unwrap() > 0.0, "{report}");
     }
     let [kart, torch] = [0, 1].map(|i| report["scaling_efficiency"][i].as_f64().unwrap());
     assert!(kart > 0.0 && torch > 0.0, "{report}");
@@ -217,6 +229,7 @@ fn quick_memory_bench_measures_every_setting() {
             ("f32".into(), true, "none".into(), 1),
             ("f32".into(), true, "gradients".into(), 2),
             ("f32".into(), true, "full".into(), 2),
+            ("bf16".into(), false, "none".into(), 1),
             ("bf16".into(), true, "none".into(), 1),
             ("bf16".into(), true, "full".into(), 2),
         ]
@@ -230,9 +243,9 @@ fn quick_memory_bench_measures_every_setting() {
         assert!(row["tokens_per_second"].as_f64().unwrap() > 0.0, "{row}");
     }
     assert_eq!(rows[0]["memory_ratio"].as_f64(), Some(1.0));
-    // --skip-bf16 leaves out the two bf16 rows.
+    // --precision f32 leaves out the bf16 rows.
     let output = Command::new(binary("kart"))
-        .args(["bench", "train", "--memory", "--skip-bf16", "--quick", "--steps", "1", "--json"])
+        .args(["bench", "train", "--memory", "--precision", "f32", "--quick", "--steps", "1", "--json"])
         .arg(&json)
         .output()
         .unwrap();
@@ -274,4 +287,24 @@ fn small_dense_bench_compares_the_graph_with_the_exact_scan_and_faiss() {
     assert!(report["exact_batch_qps"].as_f64().unwrap() > 0.0);
     assert_eq!(report["exact_on"], "Cpu Float", "the exact scan runs where --device says: {report}");
     assert!(stdout.contains("exact scan (Cpu Float): "), "{stdout}");
+    // torch's matmul + topk on the same embeddings finds the same neighbours (f32 on the CPU).
+    let torch = &report["torch_exact"];
+    assert_eq!(torch["on"], "cpu float32", "{report}");
+    assert!(torch["recall"].as_f64().unwrap() >= 0.99, "{report}");
+    assert!(torch["batch_qps"].as_f64().unwrap() > 0.0 && torch["single_qps"].as_f64().unwrap() > 0.0);
+
+    // --exact-only: the scan and its anchor, no graph.
+    let output = Command::new(binary("kart"))
+        .args(["bench", "retriever", "--dense", "--exact-only", "--passages", "2000", "--queries", "50"])
+        .args(["--dim", "32", "--python"])
+        .arg(&python)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    assert!(report["kart"].is_null() && report["faiss"].is_null(), "{report}");
+    assert!(report["torch_exact"]["recall"].as_f64().unwrap() >= 0.99, "{report}");
 }

@@ -138,6 +138,10 @@ pub struct LocalArgs {
     /// reward is reported beside the greedy figures (0: greedy only).
     #[arg(long, default_value_t = 1)]
     eval_samples: usize,
+    /// Where the warm start and RL run: `cpu`, or `cuda` (the first GPU; the warm start in f32,
+    /// RL in the trainer's default bf16 there).
+    #[arg(long, default_value = "cpu", value_parser = super::parse_device)]
+    device: Device,
 }
 
 /// The run's settings, resolved from the arguments.
@@ -163,6 +167,7 @@ struct Config {
     max_staleness: u64,
     eval_questions: usize,
     eval_samples: usize,
+    device: Device,
 }
 
 /// The figures of the closing table at one point of the run: greedy, and the mean reward of
@@ -334,6 +339,7 @@ impl Config {
             max_staleness: args.max_staleness,
             eval_questions: args.eval_questions,
             eval_samples: args.eval_samples,
+            device: args.device,
         })
     }
 }
@@ -432,6 +438,14 @@ fn base_model(config: &Config, world: &World) -> anyhow::Result<BaseModel> {
     let model = CausalLm::random(model_config.clone(), tch::Device::Cpu, config.seed)?;
     save_pretrained(&dir, &model_config, &model.named_tensors(), None, tch::Kind::Float)?;
     tokenizer.save(&dir, Some(config.format.chat_template()))?;
+    // The same weights on the GPU, for a warm start there (in f32, as on the CPU).
+    let model = match config.device {
+        Device::Cpu => model,
+        device => {
+            let device = kart_torch::choose("kart local", "--device", device, 0)?;
+            CausalLm::load_as(&dir, device, tch::Kind::Float)?
+        }
+    };
     let template = ChatTemplate::load(&dir)?.context("the saved model has a chat template")?;
     Ok(BaseModel { dir, config: model_config, model, tokenizer, template })
 }
@@ -560,7 +574,7 @@ async fn reinforce(config: &Config, world: &WorldOnDisk, warm: &Path) -> anyhow:
             max_prompts: config.eval_questions,
             sampled_n: config.eval_samples,
         },
-        device: Device::Cpu,
+        device: config.device,
         dump_rollouts: true,
         ..TrainConfig::default()
     };

@@ -53,6 +53,16 @@ enum Command {
 }
 
 /// Parses the command line and runs the chosen subcommand.
+/// A `--device` of the benchmarks and `kart local`: `cpu` or `cuda`.
+fn parse_device(s: &str) -> Result<kart_core::config::train::Device, String> {
+    use kart_core::config::train::Device;
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda),
+        other => Err(format!("`{other}` is neither `cpu` nor `cuda`")),
+    }
+}
+
 pub fn run() -> ExitCode {
     allocator::keep_freed_memory();
     let cli = Cli::parse();

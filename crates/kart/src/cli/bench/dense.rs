@@ -11,7 +11,10 @@
 //! measured against. The anchor (`scripts/bench/dense_anchor.py`)
 //! builds faiss's HNSW with the same links per node, insertion and search candidates, inner
 //! product and vector type, and is timed the same ways: single queries one at a time on one
-//! thread, and batches on every core.
+//! thread, and batches on every core. The exact scan has an anchor of its own
+//! (`scripts/bench/exact_anchor.py`): a torch matrix product and `topk` over the same embeddings
+//! on the same device, in the same kind, timed the same ways. `--exact-only` measures the exact
+//! scan and its anchor alone.
 
 use super::retriever::{Args, WorkDir, folder_size, progress_bar, run_anchor};
 use anyhow::Context;
@@ -66,6 +69,17 @@ struct Measures {
     searches: Vec<Search>,
 }
 
+/// The exact scan's torch anchor's figures.
+#[derive(Debug, Serialize, Deserialize)]
+struct ExactAnchor {
+    /// Where it ran, e.g. `cuda:0 float16`.
+    on: String,
+    single_qps: f64,
+    batch_qps: f64,
+    /// The share of kart's exact top 10 it finds too.
+    recall: f64,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     passages: u64,
@@ -77,7 +91,10 @@ struct Report {
     exact_on: String,
     exact_single_qps: f64,
     exact_batch_qps: f64,
-    kart: Measures,
+    /// torch's matrix product and `topk` on the same embeddings (`None` with `--no-anchor`).
+    torch_exact: Option<ExactAnchor>,
+    /// The graph (`None` with `--exact-only`).
+    kart: Option<Measures>,
     faiss: Option<Measures>,
 }
 
@@ -155,8 +172,47 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let lines: Vec<String> =
         truth.iter().map(|r| r.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")).collect();
     std::fs::write(&truth_path, lines.join("\n") + "\n")?;
+    let embeddings = dir.join(EMBEDDINGS);
+    let files =
+        AnchorFiles { embeddings: &embeddings, queries: &queries_path, truth: &truth_path, work: &work.path };
+    let torch_exact = match args.no_anchor {
+        true => None,
+        false => Some(exact_anchor(args, &files, placement.devices[0].is_cuda(), threads)?),
+    };
+    let mut report = Report {
+        passages: n as u64,
+        queries: args.queries as usize,
+        dim: args.dim,
+        ann: AnnConfig {
+            connectivity: args.ann_connectivity,
+            expansion_add: args.ann_expansion_add,
+            quantization: args.ann_quantization.into(),
+        },
+        rerank: args.ann_rerank,
+        exact_on,
+        exact_single_qps,
+        exact_batch_qps,
+        torch_exact,
+        kart: None,
+        faiss: None,
+    };
+    if !args.exact_only {
+        report.kart = Some(graph(args, &dir, &queries, &truth)?);
+        if !args.no_anchor {
+            report.faiss = Some(anchor(args, &files, threads)?);
+        }
+    }
+    report.print(threads);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
-    // kart's graph, built as `kart retriever index --ann hnsw` builds it.
+/// kart's graph, built as `kart retriever index --ann hnsw` builds it in `dir`, searched with
+/// `queries` at each `--ann-expansion-search`, its recall against `truth`.
+fn graph(args: &Args, dir: &Path, queries: &Tensor, truth: &[Vec<u64>]) -> anyhow::Result<Measures> {
     let ann = AnnConfig {
         connectivity: args.ann_connectivity,
         expansion_add: args.ann_expansion_add,
@@ -164,12 +220,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     };
     tracing::info!(?ann, "building the approximate graph");
     let bar = progress_bar("{spinner} graph [{elapsed_precise}] {bar:40} {pos}/{len} ({eta} left)");
-    bar.set_length(n as u64);
+    bar.set_length(args.passages);
     let started = Instant::now();
-    ann::build(&dir, &ann, |added, _| bar.set_position(added))?;
+    ann::build(dir, &ann, |added, _| bar.set_position(added))?;
     let build_secs = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    let graph = Graph::open(&dir, &Manifest::read(&dir)?, 64, args.ann_rerank)?;
+    let graph = Graph::open(dir, &Manifest::read(dir)?, 64, args.ann_rerank)?;
     let flat = Vec::<f32>::try_from(queries.flatten(0, -1))?;
     graph.search(&flat[..args.batch.min(args.queries as usize) * args.dim], K)?; // warm-up
     let mut searches = Vec::new();
@@ -188,40 +244,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         let single_qps = single as f64 / started.elapsed().as_secs_f64();
         let hits: usize =
-            found.iter().zip(&truth).map(|(f, t)| f.iter().filter(|(o, _)| t.contains(o)).count()).sum();
+            found.iter().zip(truth).map(|(f, t)| f.iter().filter(|(o, _)| t.contains(o)).count()).sum();
         let recall = hits as f64 / (truth.len() * K) as f64;
         searches.push(Search { expansion_search, single_qps, batch_qps, recall });
     }
-    let kart = Measures {
+    Ok(Measures {
         build_secs,
-        index_bytes: folder_size(&dir)? - std::fs::metadata(dir.join(EMBEDDINGS))?.len(),
+        index_bytes: folder_size(dir)? - std::fs::metadata(dir.join(EMBEDDINGS))?.len(),
         searches,
-    };
-    drop(graph);
-
-    let faiss = if args.no_anchor {
-        None
-    } else {
-        Some(anchor(args, &dir.join(EMBEDDINGS), &queries_path, &truth_path, &work.path, threads)?)
-    };
-    let report = Report {
-        passages: n as u64,
-        queries: args.queries as usize,
-        dim: args.dim,
-        ann,
-        rerank: args.ann_rerank,
-        exact_on,
-        exact_single_qps,
-        exact_batch_qps,
-        kart,
-        faiss,
-    };
-    report.print(threads);
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// `rows` unit vectors near the span of `basis` `(LATENT, D)`, around the `topics` `(TOPICS,
@@ -244,41 +275,65 @@ fn le_bytes(rows: &Tensor) -> anyhow::Result<Vec<u8>> {
     Ok(values.iter().flat_map(|x| x.to_le_bytes()).collect())
 }
 
-fn anchor(
-    args: &Args,
-    embeddings: &Path,
-    queries: &Path,
-    truth: &Path,
-    work: &Path,
-    threads: usize,
-) -> anyhow::Result<Measures> {
+/// The files the anchors read: the embeddings, the queries and kart's exact top 10 of each.
+struct AnchorFiles<'a> {
+    embeddings: &'a Path,
+    queries: &'a Path,
+    truth: &'a Path,
+    work: &'a Path,
+}
+
+impl AnchorFiles<'_> {
+    /// The flags naming them, and the depth and timing shared by every anchor.
+    fn arguments(&self, args: &Args, threads: usize) -> Vec<OsString> {
+        let mut arguments: Vec<OsString> = vec![
+            "--embeddings".into(),
+            self.embeddings.into(),
+            "--queries".into(),
+            self.queries.into(),
+            "--truth".into(),
+            self.truth.into(),
+        ];
+        for (flag, value) in [
+            ("--dim", args.dim.to_string()),
+            ("--k", K.to_string()),
+            ("--batch", args.batch.to_string()),
+            ("--threads", threads.to_string()),
+        ] {
+            arguments.extend([flag.into(), value.into()]);
+        }
+        arguments
+    }
+}
+
+/// The torch anchor of the exact scan, on the GPU when kart's scan ran on one.
+fn exact_anchor(args: &Args, files: &AnchorFiles, cuda: bool, threads: usize) -> anyhow::Result<ExactAnchor> {
+    let script = args.anchor_script.with_file_name("exact_anchor.py");
+    tracing::info!(script = %script.display(), "running the exact scan's torch anchor");
+    let mut arguments = files.arguments(args, threads);
+    for (flag, value) in [("--single", "100"), ("--device", if cuda { "cuda" } else { "cpu" })] {
+        arguments.extend([flag.into(), value.into()]);
+    }
+    run_anchor(args, &script, &arguments, &files.work.join("exact-anchor.json"))
+}
+
+fn anchor(args: &Args, files: &AnchorFiles, threads: usize) -> anyhow::Result<Measures> {
     let script = args.anchor_script.with_file_name("dense_anchor.py");
     tracing::info!(script = %script.display(), "running the faiss anchor");
-    let out = work.join("dense-anchor.json");
+    let out = files.work.join("dense-anchor.json");
     let efs: Vec<String> = args.ann_expansion_search.iter().map(usize::to_string).collect();
     let quantization = match AnnQuantization::from(args.ann_quantization) {
         AnnQuantization::F32 => "f32",
         AnnQuantization::F16 => "f16",
         AnnQuantization::I8 => "i8",
     };
-    let mut arguments: Vec<OsString> = vec![
-        "--embeddings".into(),
-        embeddings.into(),
-        "--queries".into(),
-        queries.into(),
-        "--truth".into(),
-        truth.into(),
-    ];
+    let mut arguments = files.arguments(args, threads);
     for (flag, value) in [
-        ("--dim", args.dim.to_string()),
-        ("--k", K.to_string()),
         ("--m", args.ann_connectivity.to_string()),
         ("--ef-construction", args.ann_expansion_add.to_string()),
         ("--ef-search", efs.join(",")),
         ("--quantization", quantization.to_string()),
-        ("--batch", args.batch.to_string()),
         ("--single", args.queries.min(2000).to_string()),
-        ("--threads", threads.to_string()),
         ("--rerank", args.ann_rerank.to_string()),
     ] {
         arguments.extend([flag.into(), value.into()]);
@@ -287,6 +342,26 @@ fn anchor(
 }
 
 impl Report {
+    /// The exact scan's figures, and its torch anchor's beside them.
+    fn print_exact(&self) {
+        println!(
+            "exact scan ({}): {:.1} QPS single (one thread), {:.1} QPS batched (all threads)",
+            self.exact_on, self.exact_single_qps, self.exact_batch_qps
+        );
+        if let Some(torch) = &self.torch_exact {
+            println!(
+                "torch matmul + topk ({}): {:.1} QPS single, {:.1} QPS batched; kart {:.2}x and {:.2}x of it; \
+                 it finds {:.4} of kart's exact top {K}",
+                torch.on,
+                torch.single_qps,
+                torch.batch_qps,
+                self.exact_single_qps / torch.single_qps,
+                self.exact_batch_qps / torch.batch_qps,
+                torch.recall
+            );
+        }
+    }
+
     fn print(&self, threads: usize) {
         let million = self.passages as f64 / 1e6;
         println!(
@@ -299,13 +374,17 @@ impl Report {
             self.ann.expansion_add,
             self.ann.quantization
         );
+        let Some(kart) = &self.kart else {
+            self.print_exact();
+            return;
+        };
         let f = self.faiss.as_ref();
         let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
         let ratio =
             |kart: f64, faiss: Option<f64>| faiss.map_or("-".to_string(), |f| format!("{:.2}x", kart / f));
         let mib = |bytes: u64| bytes as f64 / million / (1 << 20) as f64;
         println!("{:<38} {:>12} {:>12} {:>8}", "build", "kart", "faiss", "ratio");
-        let (build, faiss_build) = (self.kart.build_secs / million, f.map(|f| f.build_secs / million));
+        let (build, faiss_build) = (kart.build_secs / million, f.map(|f| f.build_secs / million));
         println!(
             "{:<38} {:>12.1} {:>12} {:>8}",
             "s per million passages",
@@ -313,7 +392,7 @@ impl Report {
             cell(faiss_build),
             ratio(faiss_build.unwrap_or(f64::NAN), Some(build))
         );
-        let (size, faiss_size) = (mib(self.kart.index_bytes), f.map(|f| mib(f.index_bytes)));
+        let (size, faiss_size) = (mib(kart.index_bytes), f.map(|f| mib(f.index_bytes)));
         println!(
             "{:<38} {:>12.1} {:>12} {:>8}",
             "graph MiB per million passages",
@@ -334,7 +413,7 @@ impl Report {
             "b ratio",
             "vs exact"
         );
-        for s in &self.kart.searches {
+        for s in &kart.searches {
             let a = f.and_then(|f| f.searches.iter().find(|x| x.expansion_search == s.expansion_search));
             println!(
                 "{:>6} {:>10.1} {:>10.1} {:>7.3} {:>10} {:>10} {:>7} {:>8} {:>8} {:>8.1}x",
@@ -350,12 +429,8 @@ impl Report {
                 s.batch_qps / self.exact_batch_qps
             );
         }
-        println!(
-            "exact scan ({}): {:.1} QPS single (one thread), {:.1} QPS batched (all threads)",
-            self.exact_on, self.exact_single_qps, self.exact_batch_qps
-        );
-        let best = self
-            .kart
+        self.print_exact();
+        let best = kart
             .searches
             .iter()
             .filter(|s| s.recall >= RECALL_TARGET)
@@ -380,8 +455,8 @@ impl Report {
              takes {:.1} GB and builds in about {:.1} h on {threads} threads (linear in passages; HNSW grows slightly faster)",
             self.dim,
             WIKI18_PASSAGES * self.dim as f64 * 4.0 / 1e9,
-            self.kart.index_bytes as f64 * scale / 1e9,
-            self.kart.build_secs * scale / 3600.0
+            kart.index_bytes as f64 * scale / 1e9,
+            kart.build_secs * scale / 3600.0
         );
     }
 }

@@ -7,10 +7,12 @@ mod encoder;
 mod model;
 mod retriever;
 mod rollout;
+mod shape;
 mod sync;
 mod train;
 
-use kart_core::config::train::Device;
+use super::parse_device;
+use kart_core::config::memory::Precision;
 use std::process::ExitCode;
 
 /// Measure kart against a reference implementation on the same machine, in the same run.
@@ -24,12 +26,12 @@ pub enum Command {
     Train(train::Args),
 }
 
-/// A benchmark's `--device`: `cpu` or `cuda`.
-fn parse_device(s: &str) -> Result<Device, String> {
+/// A benchmark's `--precision`: `f32` or `bf16`.
+fn parse_precision(s: &str) -> Result<Precision, String> {
     match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda),
-        other => Err(format!("`{other}` is neither `cpu` nor `cuda`")),
+        "f32" => Ok(Precision::F32),
+        "bf16" => Ok(Precision::Bf16),
+        other => Err(format!("`{other}` is neither `f32` nor `bf16`")),
     }
 }
 

@@ -1,9 +1,13 @@
-//! `kart bench model`: generation and training speed of the policy model against transformers.
+//! `kart bench model`: generation and training speed of the policy model against transformers,
+//! and how far apart their logits are.
 //!
-//! kart initialises a random Qwen2-shaped model (about 50M parameters), trains a small byte-level
-//! BPE tokenizer, and saves both as a Hugging Face folder; the anchor
+//! kart initialises a random Qwen2-shaped model (about 50M parameters, or `--shape`), trains a
+//! small byte-level BPE tokenizer, and saves both as a Hugging Face folder; the anchor
 //! (`scripts/bench/model_anchor.py`, run with the project venv's Python) loads that folder, so both
-//! sides run exactly the same weights, in f32 on the CPU with torch's default number of threads.
+//! sides run exactly the same weights, on the same `--device` in the same `--precision` (f32 on
+//! the CPU by default, with torch's default number of threads).
+//! - Logits: of the same 4 prompts, the largest absolute difference between the two sides' and
+//!   the share of positions whose most likely token agrees.
 //! - Generation: greedy, exactly `new_tokens` tokens after the same random prompts, at batch 1 and
 //!   batch 32; kart's engine against `model.generate` under `torch.inference_mode`. The median of
 //!   the timed runs, after a warm-up run, is reported as tokens per second.
@@ -20,10 +24,13 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use super::anchor::{Anchor, AnchorArgs, Row, check_python, median, take_turns};
+use super::shape::Shape;
+use super::{parse_device, parse_precision};
 use anyhow::Context;
+use kart_core::config::memory::Precision;
+use kart_core::config::train::Device as ConfiguredDevice;
 use kart_core::generation::GenerationRequest;
 use kart_core::generation::SamplingParams;
-use kart_model::config::BENCHMARK_SIZES;
 use kart_model::logprobs::{DEFAULT_CHUNK, token_logprobs};
 use kart_model::{CausalLm, ModelConfig, QwenSizes, generate, save_pretrained};
 use kart_tokenizer::CHATML;
@@ -40,6 +47,9 @@ const ANCHOR: &str = include_str!("../../../../../scripts/bench/model_anchor.py"
 /// The special tokens of the benchmark's tokenizer (Qwen's).
 const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
+/// Prompts whose logits the two sides compare (a 0.5B model's are 10 MB each in f32).
+const LOGIT_PROMPTS: usize = 4;
+
 /// Benchmark the policy model against transformers on a random ~50M-parameter Qwen2 model.
 ///
 /// Prints, for generation at batch 1 and 32 (tokens per second) and for a training step (seconds),
@@ -53,6 +63,15 @@ pub struct Args {
     /// Timed training steps (their mean is reported) [default: 3, 1 with --quick].
     #[arg(long)]
     steps: Option<usize>,
+    /// Where both sides run: `cpu`, or `cuda` (the first GPU).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: ConfiguredDevice,
+    /// The kind of both sides' weights and compute: `f32` or `bf16`.
+    #[arg(long, default_value = "f32", value_parser = parse_precision)]
+    precision: Precision,
+    /// The model (random weights) [--quick: a 0.2M-parameter one].
+    #[arg(long, value_enum, default_value_t = Shape::Bench)]
+    shape: Shape,
     #[command(flatten)]
     anchor: AnchorArgs,
 }
@@ -71,9 +90,10 @@ struct Workload {
 }
 
 impl Workload {
-    /// The benchmark: 46.5M parameters, 128 tokens at batch 1 and 32, a 16 x 512 training batch.
+    /// The benchmark: 46.5M parameters (or another shape's), 128 tokens at batch 1 and 32, a
+    /// 16 x 512 training batch.
     const FULL: Workload = Workload {
-        sizes: BENCHMARK_SIZES,
+        sizes: kart_model::config::BENCHMARK_SIZES,
         prompt_tokens: 16,
         new_tokens: 128,
         warmup_tokens: 8,
@@ -129,9 +149,23 @@ struct AnchorInfo {
     transformers: String,
 }
 
+/// How far the two sides' logits of the same prompts are apart.
+#[derive(Debug, Serialize)]
+struct LogitsGap {
+    /// The largest absolute difference over every position and token.
+    max_abs_diff: f64,
+    /// The share of positions whose most likely token is the same on both sides.
+    argmax_agreement: f64,
+    positions: i64,
+}
+
 /// The whole report, as `--json` writes it.
 #[derive(Debug, Serialize)]
 struct Report {
+    shape: Shape,
+    /// Where both sides ran, e.g. `Cuda(0)`.
+    device: String,
+    precision: Precision,
     parameters: i64,
     /// kart's threads (torch's default); the anchor's are in `anchor`.
     threads: i64,
@@ -140,6 +174,7 @@ struct Report {
     /// Per batch size, the prompts whose greedy continuations are identical on both sides.
     identical_greedy: Vec<(usize, usize)>,
     loss: Losses,
+    logits: LogitsGap,
 }
 
 #[derive(Debug, Serialize)]
@@ -149,17 +184,34 @@ struct Losses {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let workload = if args.anchor.quick { Workload::QUICK } else { Workload::FULL };
+    let workload = match args.anchor.quick {
+        true => Workload::QUICK,
+        false => Workload { sizes: args.shape.sizes(), ..Workload::FULL },
+    };
     let runs = args.anchor.or(args.runs, 3, 1);
     let steps = args.anchor.or(args.steps, 3, 1);
     let python = args.anchor.python();
-    check_python(&python, "torch, transformers")?;
+    check_python(&python, "torch, transformers, safetensors")?;
+    let device = kart_torch::choose("model bench", "--device", args.device, 0)?;
+    let (kind, dtype) = match args.precision {
+        Precision::F32 => (Kind::Float, "float32"),
+        Precision::Bf16 => (Kind::BFloat16, "bfloat16"),
+    };
 
     let work = tempfile::tempdir().context("creating a temporary folder")?;
     let model_dir = work.path().join("model");
     let (model, tokenizer) =
         random_model(&model_dir, workload.sizes, workload.tokenizer_vocab, args.anchor.seed)?;
     let parameters = parameter_count(&model);
+    // The measured model: the saved one, where and as the run asks.
+    let model = match (device, kind) {
+        (Device::Cpu, Kind::Float) => model,
+        _ => {
+            drop(model);
+            CausalLm::load_as(&model_dir, device, kind)?
+        }
+    };
+    let device_name = format!("{device:?}");
 
     let mut rng = ChaCha8Rng::seed_from_u64(args.anchor.seed);
     let first_token = SPECIAL_TOKENS.len() as u32;
@@ -172,14 +224,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map(|_| random_row(workload.train_tokens).into_iter().map(i64::from).collect())
         .collect();
 
+    let anchor_device = if device.is_cuda() { "cuda" } else { "cpu" };
+    let anchor_args = [model_dir.as_os_str(), anchor_device.as_ref(), dtype.as_ref()];
     let (mut anchor, info): (_, AnchorInfo) =
-        Anchor::start(&python, work.path(), "model_anchor.py", ANCHOR, &[model_dir.as_os_str()])?;
+        Anchor::start(&python, work.path(), "model_anchor.py", ANCHOR, &anchor_args)?;
     eprintln!(
-        "kart bench model: {:.1}M parameters; kart and transformers {} (torch {}) take turns",
+        "kart bench model: {:.1}M parameters, {dtype} on {device_name}; kart and transformers {} (torch {}) take turns",
         parameters as f64 / 1e6,
         info.transformers,
         info.torch
     );
+    let logits = logits_gap(&model, &mut anchor, &prompts[..LOGIT_PROMPTS.min(prompts.len())], work.path())?;
 
     let mut rows = Vec::new();
     let mut identical_greedy = Vec::new();
@@ -201,7 +256,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         identical_greedy.push((batch, ours.iter().zip(theirs).filter(|(a, b)| a == b).count()));
     }
 
-    let ids = Tensor::from_slice(&train_ids.concat()).view([train_ids.len() as i64, -1]);
+    let ids = Tensor::from_slice(&train_ids.concat()).view([train_ids.len() as i64, -1]).to_device(device);
     anchor_train(&mut anchor, &train_ids)?;
     kart_train(&model, &ids);
     let (ours, theirs) =
@@ -215,12 +270,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     ));
 
     let report = Report {
+        shape: args.shape,
+        device: device_name,
+        precision: args.precision,
         parameters,
         threads: i64::from(tch::get_num_threads()),
         anchor: info.clone(),
         rows,
         identical_greedy,
         loss: Losses { kart: ours[steps - 1].loss, anchor: theirs[steps - 1].loss },
+        logits,
     };
     print_report(&report, &workload);
     if let Some(path) = &args.anchor.json {
@@ -240,6 +299,39 @@ fn anchor_generate(
 
 fn anchor_train(anchor: &mut Anchor, input_ids: &[Vec<i64>]) -> anyhow::Result<Trained> {
     anchor.call(&json!({"op": "train", "input_ids": input_ids}))
+}
+
+/// Both sides' logits of `prompts`, compared: the anchor writes its own (f32) into `work`.
+fn logits_gap(
+    model: &CausalLm,
+    anchor: &mut Anchor,
+    prompts: &[Vec<u32>],
+    work: &std::path::Path,
+) -> anyhow::Result<LogitsGap> {
+    let path = work.join("anchor-logits.safetensors");
+    let _: serde_json::Value = anchor.call(&json!({"op": "logits", "input_ids": prompts, "out": path}))?;
+    let theirs = Tensor::read_safetensors(&path)?
+        .into_iter()
+        .find_map(|(name, t)| (name == "logits").then_some(t))
+        .context("the anchor's logits file holds no `logits`")?;
+    let rows: Vec<i64> = prompts.iter().flatten().map(|&t| i64::from(t)).collect();
+    let ids = Tensor::from_slice(&rows).view([prompts.len() as i64, -1]).to_device(model.device());
+    let (batch, len) = ids.size2()?;
+    let ours = tch::no_grad(|| {
+        let positions = Tensor::arange(len, (Kind::Int64, model.device())).expand([batch, len], false);
+        let hidden = model.forward(&ids, &positions, None, None);
+        model.lm_head(&hidden).to_kind(Kind::Float).to_device(Device::Cpu)
+    });
+    anyhow::ensure!(
+        ours.size() == theirs.size(),
+        "logits of shapes {:?} and {:?}",
+        ours.size(),
+        theirs.size()
+    );
+    let max_abs_diff = (&ours - &theirs).abs().max().double_value(&[]);
+    let agree = ours.argmax(-1, false).eq_tensor(&theirs.argmax(-1, false));
+    let argmax_agreement = agree.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+    Ok(LogitsGap { max_abs_diff, argmax_agreement, positions: batch * len })
 }
 
 /// A random Qwen2 model of `sizes` with a freshly trained tokenizer, saved to `dir` as a Hugging
@@ -309,7 +401,7 @@ fn kart_generate(
 fn kart_train(model: &CausalLm, ids: &Tensor) -> Trained {
     let start = Instant::now();
     let (batch, len) = ids.size2().expect("(B, T) token ids");
-    let positions = Tensor::arange(len, (Kind::Int64, Device::Cpu)).expand([batch, len], false);
+    let positions = Tensor::arange(len, (Kind::Int64, ids.device())).expand([batch, len], false);
     let hidden = model.forward(ids, &positions, None, None);
     let (inputs, targets) = (hidden.narrow(1, 0, len - 1), ids.narrow(1, 1, len - 1));
     let logprobs = token_logprobs(model, &inputs, &targets, 1.0, false, DEFAULT_CHUNK).logprobs;
@@ -325,13 +417,15 @@ fn kart_train(model: &CausalLm, ids: &Tensor) -> Trained {
 fn print_report(report: &Report, workload: &Workload) {
     let s = &workload.sizes;
     println!(
-        "model: Qwen2, {:.1}M parameters (vocab {}, hidden {}, {} layers, {}/{} heads), f32 on the CPU",
+        "model: Qwen2, {:.1}M parameters (vocab {}, hidden {}, {} layers, {}/{} heads), {:?} on {}",
         report.parameters as f64 / 1e6,
         s.vocab_size,
         s.hidden_size,
         s.num_hidden_layers,
         s.num_attention_heads,
-        s.num_key_value_heads
+        s.num_key_value_heads,
+        report.precision,
+        report.device
     );
     println!(
         "workload: {}-token prompts, {} new tokens (greedy); training batch {} x {}",
@@ -360,6 +454,13 @@ fn print_report(report: &Report, workload: &Workload) {
         println!("greedy tokens identical at batch {batch}: {same}/{batch} prompts");
     }
     println!("training loss: kart {:.6}, transformers {:.6}", report.loss.kart, report.loss.anchor);
+    let gap = &report.logits;
+    println!(
+        "logits of {} positions: largest absolute difference {:.3e}; most likely token the same at {:.1}%",
+        gap.positions,
+        gap.max_abs_diff,
+        100.0 * gap.argmax_agreement
+    );
 }
 
 #[cfg(test)]

@@ -97,6 +97,9 @@ pub struct Args {
     /// GPU, as a dense index is served there).
     #[arg(long, requires = "dense", default_value = "cpu", value_parser = super::parse_device)]
     pub(super) device: Device,
+    /// Only the exact scan, against its torch anchor (--dense): no graph, no faiss.
+    #[arg(long, requires = "dense")]
+    pub(super) exact_only: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {

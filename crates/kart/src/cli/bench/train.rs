@@ -7,7 +7,11 @@
 //! the PPO-clip and low-variance KL losses (token means over the batch), backward, gradient
 //! clipping and AdamW. kart runs its trainer's learner ([`learner`], [`Learner::step`]); the
 //! anchor (`scripts/bench/train_anchor.py`) writes the step in torch over a transformers model,
-//! slicing the full logits to the response as verl does.
+//! slicing the full logits to the response as verl does. Both sides compute in `--precision`
+//! (f32 by default; bf16 is kart's bf16 weights with f32 master weights against torch's autocast
+//! to bf16 over f32 weights) and with `--activation-checkpointing` when asked (transformers'
+//! gradient checkpointing on the anchor's side); each reports every step's policy loss and
+//! gradient norm besides.
 //!
 //! With `--ranks N` kart's ranks are started by its launcher (that of `kart train
 //! --nproc-per-node`) and all-reduce over c10d, PyTorch's by torchrun under
@@ -21,19 +25,20 @@
 //! With `--memory` kart runs alone, in several memory settings on the same batch, each rank
 //! reporting the most bytes of tensors it held at once over the steps (the models and optimiser
 //! states included: what `torch.cuda.max_memory_allocated` reads on a GPU, counted by kart's CPU
-//! allocator on the CPU); the first setting (f32, every rank holding everything) is the anchor of
-//! the ratios.
+//! allocator on the CPU); the first setting (every rank holding everything, without
+//! checkpointing) is the anchor of the ratios. The sharded settings need two ranks: on one GPU
+//! they are left out.
 
 use super::anchor::{AnchorArgs, Row, check_python, print_rows};
 use super::model::{parameter_count, random_model};
-use super::parse_device;
+use super::shape::Shape;
+use super::{parse_device, parse_precision};
 use crate::cli::launch::{self, NprocPerNode};
 use anyhow::{Context, bail};
 use kart_core::agent::trajectory::Trajectory;
 use kart_core::config::memory::{Precision, Sharding};
 use kart_core::config::train::{BatchConfig, Device, OptimConfig, TrainConfig};
 use kart_model::QwenSizes;
-use kart_model::config::BENCHMARK_SIZES;
 use kart_torch::Ranks;
 use kart_train::batch::Sample;
 use kart_train::record::{Key, keys};
@@ -70,38 +75,34 @@ pub struct Args {
     /// Where both sides compute: `cpu`, or `cuda` (rank r on GPU r).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     device: Device,
-    /// Peak dense f32 TFLOP/s of one rank's device, for the model FLOPs utilisation (MFU).
+    /// Peak dense TFLOP/s of one rank's device at the step's precision, for the model FLOPs
+    /// utilisation (MFU).
     #[arg(long)]
     peak_tflops: Option<f64>,
-    /// Instead of the comparison with PyTorch: kart's step time and peak memory per rank in f32
-    /// unsharded (the anchor), with activation checkpointing, with ZeRO-2 or full sharding over
-    /// `--ranks` (at least 2) ranks besides, then bf16 with checkpointing, unsharded and fully
-    /// sharded.
+    /// The kind of both sides' weights and compute: `f32` or `bf16` [default: f32; with
+    /// --memory: both, a CPU without AVX-512 emulating bf16 slowly].
+    #[arg(long, value_parser = parse_precision)]
+    precision: Option<Precision>,
+    /// Both sides recompute each decoder layer's activations in the backward pass instead of
+    /// keeping them.
+    #[arg(long, conflicts_with = "memory")]
+    activation_checkpointing: bool,
+    /// Instead of the comparison with PyTorch: kart's step time and peak memory per rank, in f32
+    /// then bf16 (or the one `--precision`): unsharded without and with activation
+    /// checkpointing, then with checkpointing sharded over `--ranks` (at least 2) ranks, f32
+    /// with ZeRO-2 and with full sharding, bf16 with full sharding.
     #[arg(long)]
     memory: bool,
-    /// The model: `bench` (46.5M parameters) or `qwen2.5-0.5b` (Qwen2.5-0.5B's shape, random
-    /// weights, 8 trajectories of 1024 tokens; for GPUs) [--quick: the fixture's shape].
+    /// The model: `bench` (46.5M parameters), or `qwen2.5-0.5b` or `qwen2.5-1.5b` (those
+    /// models' shapes, random weights, 8 trajectories of 1024 tokens; for GPUs) [--quick: the
+    /// fixture's shape].
     #[arg(long, value_enum, default_value_t = Shape::Bench)]
     shape: Shape,
-    /// With --memory: leave out the bf16 rows (a CPU without AVX-512 emulates bf16 arithmetic,
-    /// and a step of the full workload takes many minutes).
-    #[arg(long, requires = "memory")]
-    skip_bf16: bool,
     /// One rank of kart's side, in the folder the benchmark prepared (started by the benchmark).
     #[arg(long, hide = true)]
     worker: Option<PathBuf>,
     #[command(flatten)]
     anchor: AnchorArgs,
-}
-
-/// The model a run trains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Shape {
-    /// The benchmark model.
-    Bench,
-    /// Qwen2.5-0.5B's shape.
-    #[value(name = "qwen2.5-0.5b")]
-    Qwen25HalfB,
 }
 
 /// The model and batch.
@@ -117,7 +118,7 @@ struct Workload {
 impl Workload {
     /// 8 trajectories (2 prompts x 4) of 128 prompt and 384 response tokens.
     const FULL: Workload = Workload {
-        sizes: BENCHMARK_SIZES,
+        sizes: kart_model::config::BENCHMARK_SIZES,
         tokenizer_vocab: 2048,
         groups: 2,
         group_size: 4,
@@ -125,20 +126,10 @@ impl Workload {
         response_tokens: 384,
     };
 
-    /// Qwen2.5-0.5B's shape (random weights): 8 trajectories (2 prompts x 4) of 256 prompt and
-    /// 768 response tokens.
-    const HALF_B: Workload = Workload {
-        sizes: QwenSizes {
-            vocab_size: 151_936,
-            hidden_size: 896,
-            intermediate_size: 4864,
-            num_hidden_layers: 24,
-            num_attention_heads: 14,
-            num_key_value_heads: 2,
-            max_position_embeddings: 4096,
-            tie_word_embeddings: true,
-            initializer_range: 0.02,
-        },
+    /// A real model's shape (its sizes filled in by [`Workload::of`]): 8 trajectories (2 prompts
+    /// x 4) of 256 prompt and 768 response tokens.
+    const LARGE: Workload = Workload {
+        sizes: kart_model::config::BENCHMARK_SIZES,
         tokenizer_vocab: 2048,
         groups: 2,
         group_size: 4,
@@ -181,7 +172,7 @@ impl Workload {
         match (quick, shape) {
             (true, _) => Workload::QUICK,
             (false, Shape::Bench) => Workload::FULL,
-            (false, Shape::Qwen25HalfB) => Workload::HALF_B,
+            (false, shape) => Workload { sizes: shape.sizes(), ..Workload::LARGE },
         }
     }
 
@@ -257,6 +248,10 @@ struct Stepped {
     entropy: f64,
     /// The KL loss term (nonzero once the policy has moved from the reference).
     kl: f64,
+    /// The PPO-clip loss (a token mean over the batch).
+    pg_loss: f64,
+    /// The gradients' global norm before clipping.
+    grad_norm: f64,
 }
 
 /// What rank 0 of a side writes: its threads per rank, versions, and the warm-up step followed
@@ -289,12 +284,31 @@ struct Pair {
     ranks: usize,
     kart: Run,
     torch: Run,
+    tokens_per_second: PerSide,
+    /// Model FLOPs utilisation against `--peak-tflops` per rank.
+    mfu: Option<PerSide>,
+}
+
+/// A figure of each side.
+#[derive(Debug, Serialize)]
+struct PerSide {
+    kart: f64,
+    torch: f64,
+}
+
+impl PerSide {
+    fn of(pair: (&Run, &Run), f: impl Fn(&Run) -> f64) -> PerSide {
+        PerSide { kart: f(pair.0), torch: f(pair.1) }
+    }
 }
 
 #[derive(Debug, Serialize)]
 struct Report {
+    shape: Shape,
     parameters: i64,
     device: Device,
+    precision: Precision,
+    activation_checkpointing: bool,
     tokens: usize,
     /// Model FLOPs of one step: 10 x parameters x tokens (two forward passes without gradients,
     /// one with, and its backward); attention's quadratic term is not counted.
@@ -334,9 +348,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         w.prompt_tokens + w.response_tokens,
         args.device
     );
-    let sides = Sides { dir: work.path(), python: &python, steps, device: args.device, threads };
+    let precision = args.precision.unwrap_or(Precision::F32);
+    let sides = Sides {
+        dir: work.path(),
+        python: &python,
+        steps,
+        device: args.device,
+        threads,
+        precision,
+        activation_checkpointing: args.activation_checkpointing,
+    };
+    let flops = 10.0 * parameters as f64 * tokens as f64;
     let mut pairs = vec![];
     for (i, n) in [ranks, 1].into_iter().take(if ranks > 1 { 2 } else { 1 }).enumerate() {
+        let setup = Setup {
+            precision,
+            activation_checkpointing: args.activation_checkpointing,
+            sharding: Sharding::None,
+            ranks: n,
+        };
+        std::fs::write(work.path().join(SETUP), serde_json::to_vec(&setup)?)?;
         let (kart, torch) = if i % 2 == 0 {
             let kart = sides.kart(n)?;
             (kart, sides.torch(n)?)
@@ -344,9 +375,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let torch = sides.torch(n)?;
             (sides.kart(n)?, torch)
         };
-        pairs.push(Pair { ranks: n, kart, torch });
+        let tokens_per_second = PerSide::of((&kart, &torch), |r| tokens as f64 / r.seconds());
+        let mfu = args
+            .peak_tflops
+            .map(|peak| PerSide::of((&kart, &torch), |r| flops / r.seconds() / (peak * 1e12 * n as f64)));
+        pairs.push(Pair { ranks: n, kart, torch, tokens_per_second, mfu });
     }
-    let flops = 10.0 * parameters as f64 * tokens as f64;
     let rows = pairs
         .iter()
         .map(|p| {
@@ -362,8 +396,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let efficiency = |n: &Run, one: &Run| one.seconds() / (ranks as f64 * n.seconds());
         (efficiency(&pairs[0].kart, &pairs[1].kart), efficiency(&pairs[0].torch, &pairs[1].torch))
     });
-    let report = Report { parameters, device: args.device, tokens, flops, pairs, rows, scaling_efficiency };
-    print_report(&report, &w, args.peak_tflops);
+    let report = Report {
+        shape: args.shape,
+        parameters,
+        device: args.device,
+        precision,
+        activation_checkpointing: args.activation_checkpointing,
+        tokens,
+        flops,
+        pairs,
+        rows,
+        scaling_efficiency,
+    };
+    print_report(&report, &w);
     if let Some(path) = &args.anchor.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
@@ -371,11 +416,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_report(report: &Report, w: &Workload, peak_tflops: Option<f64>) {
+fn print_report(report: &Report, w: &Workload) {
     let first = &report.pairs[0];
     println!(
-        "model: Qwen2, {:.1}M parameters, f32 on {:?}; batch {} x {} tokens ({} prompt); threads per rank: kart {}, torch {} ({})",
+        "model: Qwen2, {:.1}M parameters, {:?}{} on {:?}; batch {} x {} tokens ({} prompt); threads per rank: kart {}, torch {} ({})",
         report.parameters as f64 / 1e6,
+        report.precision,
+        if report.activation_checkpointing { " with activation checkpointing" } else { "" },
         report.device,
         w.groups * w.group_size,
         w.prompt_tokens + w.response_tokens,
@@ -386,12 +433,10 @@ fn print_report(report: &Report, w: &Workload, peak_tflops: Option<f64>) {
     );
     print_rows(&report.rows, "torch");
     for pair in &report.pairs {
-        let rate = |r: &Run| report.tokens as f64 / r.seconds();
-        let (kart, torch) = (rate(&pair.kart), rate(&pair.torch));
+        let PerSide { kart, torch } = pair.tokens_per_second;
         print!("{} rank(s): tokens/s kart {kart:.0}, torch {torch:.0}", pair.ranks);
-        if let Some(peak) = peak_tflops {
-            let mfu = |r: &Run| report.flops / r.seconds() / (peak * 1e12 * pair.ranks as f64);
-            print!("; MFU kart {:.1}%, torch {:.1}%", 100.0 * mfu(&pair.kart), 100.0 * mfu(&pair.torch));
+        if let Some(mfu) = &pair.mfu {
+            print!("; MFU kart {:.1}%, torch {:.1}%", 100.0 * mfu.kart, 100.0 * mfu.torch);
         }
         println!();
         let last = |r: &Run| r.steps.last().map_or(f64::NAN, |s| s.kl);
@@ -401,6 +446,11 @@ fn print_report(report: &Report, w: &Workload, peak_tflops: Option<f64>) {
             pair.torch.steps[0].entropy,
             last(&pair.kart),
             last(&pair.torch)
+        );
+        let (ours, theirs) = (&pair.kart.steps[0], &pair.torch.steps[0]);
+        println!(
+            "  first-step policy loss: kart {:.6}, torch {:.6}; gradient norm: kart {:.6}, torch {:.6}",
+            ours.pg_loss, theirs.pg_loss, ours.grad_norm, theirs.grad_norm
         );
     }
     if let Some((kart, torch)) = report.scaling_efficiency {
@@ -418,6 +468,8 @@ struct Sides<'a> {
     steps: usize,
     device: Device,
     threads: usize,
+    precision: Precision,
+    activation_checkpointing: bool,
 }
 
 impl Sides<'_> {
@@ -443,13 +495,15 @@ impl Sides<'_> {
         let out = self.dir.join(TORCH_OUT);
         let _ = std::fs::remove_file(&out);
         let device = if self.device == Device::Cuda { "cuda" } else { "cpu" };
+        let precision = if self.precision == Precision::Bf16 { "bf16" } else { "f32" };
+        let checkpointing = if self.activation_checkpointing { "checkpointing" } else { "keep" };
         let status = Command::new(self.python)
             .args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &n.to_string()])
             .arg(self.dir.join("train_anchor.py"))
             .args([self.dir.join(MODEL), self.dir.join(BATCH)])
             .arg(self.steps.to_string())
             .arg(&out)
-            .arg(device)
+            .args([device, precision, checkpointing])
             .env("OMP_NUM_THREADS", self.threads.to_string())
             .env("TRANSFORMERS_VERBOSITY", "error")
             .status()
@@ -494,7 +548,13 @@ fn worker(dir: &Path, steps: usize, device: Device) -> anyhow::Result<()> {
         let record = learner.step(&mut samples, &config, 0)?;
         let seconds = start.elapsed().as_secs_f64();
         let get = |key: &Key| record.get(key).unwrap_or(f64::NAN);
-        stepped.push(Stepped { seconds, entropy: get(&keys::ACTOR_ENTROPY), kl: get(&keys::ACTOR_KL) });
+        stepped.push(Stepped {
+            seconds,
+            entropy: get(&keys::ACTOR_ENTROPY),
+            kl: get(&keys::ACTOR_KL),
+            pg_loss: get(&keys::ACTOR_PG_LOSS),
+            grad_norm: get(&keys::ACTOR_GRAD_NORM),
+        });
     }
     let mut peaks = vec![0f64; ranks.world_size];
     peaks[ranks.rank] = meter.peak()? as f64;
@@ -555,38 +615,67 @@ struct MemoryRow {
     kl: f64,
 }
 
-/// `--memory`: kart alone, f32 unsharded (the anchor) against activation checkpointing, against
-/// checkpointing with ZeRO-2 or full sharding over the ranks, and bf16 with checkpointing,
-/// unsharded and fully sharded, on the same batch.
-fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
-    let ranks = usize::from(args.ranks).max(2);
-    if args.device == Device::Cuda && tch::Cuda::device_count() < ranks as i64 {
-        bail!("--memory --device cuda shards over {ranks} GPUs; {} are visible", tch::Cuda::device_count());
-    }
-    let work = tempfile::tempdir().context("creating a temporary folder")?;
-    let (parameters, batch) = w.prepare(work.path(), args.anchor.seed)?;
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+/// The settings of a `--memory` run in `precisions`, with the sharded ones over `ranks` when
+/// there are that many (`None`: one GPU, none sharded).
+fn memory_setups(precisions: &[Precision], ranks: Option<usize>) -> Vec<Setup> {
     let setup = |precision, activation_checkpointing, sharding, ranks| Setup {
         precision,
         activation_checkpointing,
         sharding,
         ranks,
     };
-    let mut setups = vec![
-        setup(Precision::F32, false, Sharding::None, 1),
-        setup(Precision::F32, true, Sharding::None, 1),
-        setup(Precision::F32, true, Sharding::Gradients, ranks),
-        setup(Precision::F32, true, Sharding::Full, ranks),
-    ];
-    if !args.skip_bf16 {
-        setups.push(setup(Precision::Bf16, true, Sharding::None, 1));
-        setups.push(setup(Precision::Bf16, true, Sharding::Full, ranks));
+    let mut setups = Vec::new();
+    for &precision in precisions {
+        setups.push(setup(precision, false, Sharding::None, 1));
+        setups.push(setup(precision, true, Sharding::None, 1));
+        let sharded = match precision {
+            Precision::F32 => [Sharding::Gradients, Sharding::Full].as_slice(),
+            Precision::Bf16 => [Sharding::Full].as_slice(),
+        };
+        if let Some(ranks) = ranks {
+            setups.extend(sharded.iter().map(|&sharding| setup(precision, true, sharding, ranks)));
+        }
     }
+    setups
+}
+
+/// `--memory`: kart alone, in the settings of [`memory_setups`] on the same batch, the first
+/// (unsharded, activations kept) the anchor of the ratios.
+fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
+    let ranks = usize::from(args.ranks).max(2);
+    let visible = match args.device {
+        Device::Cuda => {
+            kart_torch::choose("train bench", "--device", args.device, 0)?;
+            usize::try_from(tch::Cuda::device_count()).unwrap_or(0)
+        }
+        _ => usize::MAX,
+    };
+    if visible < ranks {
+        eprintln!(
+            "kart bench train --memory: {visible} GPU(s) visible: the sharded settings (over {ranks}) are left out"
+        );
+    }
+    let precisions = match args.precision {
+        Some(precision) => vec![precision],
+        None => vec![Precision::F32, Precision::Bf16],
+    };
+    let setups = memory_setups(&precisions, (visible >= ranks).then_some(ranks));
+    let work = tempfile::tempdir().context("creating a temporary folder")?;
+    let (parameters, batch) = w.prepare(work.path(), args.anchor.seed)?;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let mut rows: Vec<MemoryRow> = Vec::new();
     for setup in setups {
         std::fs::write(work.path().join(SETUP), serde_json::to_vec(&setup)?)?;
         let threads = (cores / setup.ranks).max(1);
-        let sides = Sides { dir: work.path(), python: Path::new(""), steps, device: args.device, threads };
+        let sides = Sides {
+            dir: work.path(),
+            python: Path::new(""),
+            steps,
+            device: args.device,
+            threads,
+            precision: setup.precision,
+            activation_checkpointing: setup.activation_checkpointing,
+        };
         let run = sides.kart(setup.ranks)?;
         let peak = run.peak_bytes.iter().copied().max().unwrap_or(0);
         let (seconds, kl) = (run.seconds(), run.steps.last().map_or(f64::NAN, |s| s.kl));
@@ -681,14 +770,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shapes_have_their_models_sizes() {
-        let parameters = |shape| {
-            let config = kart_model::ModelConfig::qwen2(Workload::of(false, shape).sizes).unwrap();
-            kart_model::transformer::parameter_count(&config, "")
-        };
-        assert_eq!(parameters(Shape::Bench), 46_548_992);
-        // Qwen2.5-0.5B: 494,032,768 parameters (tied embeddings).
-        assert_eq!(parameters(Shape::Qwen25HalfB), 494_032_768);
-        assert_eq!(Workload::of(true, Shape::Qwen25HalfB).sizes, Workload::QUICK.sizes);
+    fn workloads_train_their_shapes() {
+        for shape in [Shape::Bench, Shape::Qwen25HalfB, Shape::Qwen25OneAndHalfB] {
+            assert_eq!(Workload::of(false, shape).sizes, shape.sizes());
+            assert_eq!(Workload::of(true, shape).sizes, Workload::QUICK.sizes);
+        }
+        let large = Workload::of(false, Shape::Qwen25OneAndHalfB);
+        assert_eq!((large.groups * large.group_size, large.prompt_tokens + large.response_tokens), (8, 1024));
+    }
+
+    #[test]
+    fn memory_settings_leave_out_sharding_without_the_ranks() {
+        let describe = |setups: Vec<Setup>| setups.iter().map(Setup::describe).collect::<Vec<_>>();
+        assert_eq!(
+            describe(memory_setups(&[Precision::F32, Precision::Bf16], Some(2))),
+            [
+                "f32, 1 rank(s)",
+                "f32 + checkpointing, 1 rank(s)",
+                "f32 + checkpointing + gradients sharding, 2 rank(s)",
+                "f32 + checkpointing + full sharding, 2 rank(s)",
+                "bf16, 1 rank(s)",
+                "bf16 + checkpointing, 1 rank(s)",
+                "bf16 + checkpointing + full sharding, 2 rank(s)",
+            ]
+        );
+        assert_eq!(
+            describe(memory_setups(&[Precision::Bf16], None)),
+            ["bf16, 1 rank(s)", "bf16 + checkpointing, 1 rank(s)"]
+        );
     }
 }
