@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO_FLAGS := --release --locked
 ENV := source scripts/env.sh &&
 
-.PHONY: setup build local test test-build control-plane fuzz-build fuzz-smoke
+.PHONY: setup build local test control-plane fuzz-build fuzz-smoke
 setup:
 	bash scripts/setup.sh
 
@@ -15,17 +15,13 @@ build: setup
 local: build
 	$(ENV) "$${CARGO_TARGET_DIR:-target}/release/kart" local $(ARGS)
 
-# The tests' three builds run side by side (cargo's, the Kubernetes control plane's from its Go
-# modules, the fuzz targets'): each leaves a core idle much of the time, linking or compiling one
-# large crate.
-test: setup
-	$(MAKE) --no-print-directory -j3 -Oline test-build control-plane fuzz-build
+# One build of the binaries and the tests together: built apart, the tests' dev-dependencies
+# change the features of shared dependencies (tokio, hyper, …) and every crate above them is
+# compiled twice. The tests run kart, kart-operator and kart-node from the target folder.
+test: setup control-plane
+	$(ENV) cargo build $(CARGO_FLAGS) --workspace --bins --tests
 	$(ENV) cargo test $(CARGO_FLAGS) --workspace
 	$(MAKE) --no-print-directory fuzz-smoke
-
-# The test executables and every binary they run (kart, kart-operator, kart-node).
-test-build: setup
-	$(ENV) cargo test $(CARGO_FLAGS) --workspace --no-run
 
 # The control plane of the operator tests (cached outside the clone; `up` builds it too).
 control-plane:
@@ -35,7 +31,7 @@ control-plane:
 # on nightly with AddressSanitizer, else on stable without a sanitizer. Builds into the cargo
 # target folder's fuzz/ (kept with the cache); a crash fails with its input in fuzz/artifacts/,
 # and so does an input that runs past 60 s (a hang, not a loaded machine's slow run).
-FUZZ_SECONDS ?= 15
+FUZZ_SECONDS ?= 10
 NIGHTLY := $(shell rustup run nightly rustc --version >/dev/null 2>&1 && echo yes)
 FUZZ := $(if $(NIGHTLY),cargo +nightly fuzz,cargo fuzz)
 FUZZ_FLAGS = --sanitizer $(if $(NIGHTLY),address,none) --target-dir $${CARGO_TARGET_DIR:-$(CURDIR)/target}/fuzz
