@@ -36,7 +36,6 @@ fi
 wanted="$(sha256sum "$requirements" | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   echo "setup: installing Python packages from scripts/requirements.txt (PyTorch is ~5 GB the first time)"
-  "$venv/bin/python" -m pip install --quiet --retries 10 --upgrade pip
   bash "$root/scripts/pip-install.sh" "$venv/bin/python" -r "$requirements"
   echo "$wanted" > "$stamp"
 fi
