@@ -34,7 +34,8 @@ impl ControlPlane {
     /// took 45 s and timed the API server out). Its ports are reserved by [`free_port`]; a
     /// failed attempt is followed by another until a deadline.
     pub fn up(dir: &Path) -> anyhow::Result<ControlPlane> {
-        let deadline = Instant::now() + Duration::from_secs(UP_SECONDS);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(UP_SECONDS);
         let mut failures = Vec::new();
         for attempt in 1.. {
             let state = dir.join(format!("attempt-{attempt}"));
@@ -45,9 +46,12 @@ impl ControlPlane {
                 .output()
                 .context("running scripts/control-plane.sh")?;
             if output.status.success() {
+                crate::log_if_slow("starting a control plane", started);
                 return Ok(ControlPlane { kubeconfig: state.join("kubeconfig"), dir: state });
             }
-            failures.push(format!("attempt {attempt}: {}", String::from_utf8_lossy(&output.stderr)));
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            crate::log(&format!("control-plane.sh up, attempt {attempt} failed: {}", stderr.trim_end()));
+            failures.push(format!("attempt {attempt}: {stderr}"));
             if Instant::now() > deadline {
                 break;
             }
@@ -88,12 +92,14 @@ impl ControlPlane {
         settled: &str,
         mut attempt: impl FnMut() -> std::io::Result<Output>,
     ) -> anyhow::Result<String> {
-        let deadline = Instant::now() + Duration::from_secs(API_SECONDS);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(API_SECONDS);
         let mut retried = false;
         loop {
             let output = attempt().with_context(|| format!("starting {what}"))?;
             let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
             if output.status.success() {
+                crate::log_if_slow(what, started);
                 return Ok(stdout);
             }
             let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -108,6 +114,9 @@ impl ControlPlane {
                     "{what}: still failing after {API_SECONDS} s; the last failure: {stderr}\n{}",
                     self.logs_tail()
                 );
+            }
+            if !retried {
+                crate::log(&format!("{what}: a transient failure, trying again: {}", stderr.trim_end()));
             }
             retried = true;
             std::thread::sleep(Duration::from_millis(500));

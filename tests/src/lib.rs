@@ -60,6 +60,21 @@ pub fn http() -> reqwest::blocking::Client {
         .expect("a plain HTTP client builds")
 }
 
+/// Writes `message` to the test log past the test harness's capture (which keeps a passing test's
+/// output back), so the log of a run that passes slowly still shows where its time went.
+pub fn log(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "kart-tests: {message}");
+}
+
+/// Logs ([`log`]) that waiting for `what` took a minute or more since `started`.
+pub fn log_if_slow(what: &str, started: std::time::Instant) {
+    let elapsed = started.elapsed();
+    if elapsed >= std::time::Duration::from_secs(60) {
+        log(&format!("{what} took {} s", elapsed.as_secs()));
+    }
+}
+
 /// Polls `url` until it answers 200, the child exits, or `deadline` passes.
 pub fn wait_ready(url: &str, child: &mut Child, deadline: std::time::Duration) {
     let client = http();
@@ -73,6 +88,7 @@ pub fn wait_ready(url: &str, child: &mut Child, deadline: std::time::Duration) {
         if let Ok(r) = client.get(url).timeout(wait).send()
             && r.status().is_success()
         {
+            log_if_slow(&format!("{url} becoming ready"), start);
             return;
         }
         if let Ok(Some(status)) = child.0.try_wait() {
@@ -92,9 +108,11 @@ pub fn eventually<T>(
     context: impl Fn() -> String,
     mut check: impl FnMut() -> Option<T>,
 ) -> T {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    let started = std::time::Instant::now();
+    let deadline = started + std::time::Duration::from_secs(seconds);
     loop {
         if let Some(value) = check() {
+            log_if_slow(what, started);
             return value;
         }
         assert!(std::time::Instant::now() < deadline, "{what}: not within {seconds}s\n{}", context());

@@ -209,6 +209,7 @@ fn poll<T>(what: &str, deadline: Duration, mut f: impl FnMut() -> Option<T>) -> 
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
+            kart_tests::log_if_slow(what, start);
             return v;
         }
         assert!(start.elapsed() < deadline, "{what} within {deadline:?}");
@@ -245,6 +246,7 @@ fn start_kart(dir: &Path) -> Kart {
     ];
     std::fs::write(&corpus, rows.iter().map(|r| format!("{r}\n")).collect::<String>()).unwrap();
     let index = dir.join("index");
+    let started = Instant::now();
     let status = Command::new(&kart)
         .args(["retriever", "index", "--method", "bm25", "--corpus"])
         .arg(&corpus)
@@ -255,6 +257,7 @@ fn start_kart(dir: &Path) -> Kart {
         .status()
         .unwrap();
     assert!(status.success());
+    kart_tests::log_if_slow("indexing the chart test's corpus", started);
 
     let (retriever_port, sglang_port, rollout_port) = (free_port(), free_port(), free_port());
     let retriever_url = format!("http://127.0.0.1:{retriever_port}");
@@ -304,6 +307,7 @@ fn start_kart(dir: &Path) -> Kart {
     wait_ready(&format!("{embedded_url}/readyz"), &mut embedded, deadline);
 
     let client = http();
+    let traffic = Instant::now();
     let post = |url: String, body: Value| client.post(url).json(&body).send().unwrap();
     assert!(
         post(format!("{retriever_url}/retrieve"), json!({"queries": ["hamlet"], "topk": 2}))
@@ -325,6 +329,7 @@ fn start_kart(dir: &Path) -> Kart {
     assert!(groups.iter().all(|g| g["trajectories"][0]["reward"] == 1.0), "{groups:?}");
     let pushed = post(format!("{embedded_url}/weights"), json!({"version": 1, "path": model}));
     assert!(pushed.status().is_success(), "{}", pushed.text().unwrap());
+    kart_tests::log_if_slow("the searches, rollouts and weight push of the chart test", traffic);
 
     // A trainer with its in-process pool on the fixture model, scraped once it has stepped.
     let trainer_port = free_port();
@@ -347,7 +352,9 @@ fn start_kart(dir: &Path) -> Kart {
         (status["step"].as_u64()? >= 1).then_some(())
     });
 
+    let started = Instant::now();
     let operator = start_operator(dir);
+    kart_tests::log_if_slow("starting the operator and its control plane", started);
     let operator_url = format!("{}/metrics", operator.0.url);
     Kart {
         _children: vec![retriever, sglang, rollout, embedded, trainer],
