@@ -12,7 +12,7 @@ use kart_operator::build::training_job::render_config;
 use kart_operator::crd::TrainingJob;
 use kart_tests::control_plane::{API_SECONDS, ControlPlane};
 use kart_tests::operator::Operator;
-use kart_tests::{Child, binary, free_port, http, python, repo_root, shared_dir, wait_ready};
+use kart_tests::{Child, binary, eventually, free_port, http, python, repo_root, shared_dir, wait_ready};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -204,19 +204,6 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// Polls `f` until it returns `Some`, or panics with `what` after `deadline`.
-fn poll<T>(what: &str, deadline: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            kart_tests::log_if_slow(what, start);
-            return v;
-        }
-        assert!(start.elapsed() < deadline, "{what} within {deadline:?}");
-        std::thread::park_timeout(Duration::from_millis(100));
-    }
-}
-
 /// Running kart processes on loopback, with traffic that exercises their metrics.
 struct Kart {
     _children: Vec<Child>,
@@ -347,14 +334,12 @@ fn start_kart(dir: &Path) -> Kart {
     std::fs::write(dir.join("train.json"), train_config.to_string()).unwrap();
     let mut trainer = spawn(Command::new(&kart).args(["train", "--config"]).arg(dir.join("train.json")));
     wait_ready(&format!("{trainer_url}/readyz"), &mut trainer, Duration::from_secs(300));
-    poll("the trainer's first step", Duration::from_secs(600), || {
+    eventually(600, "the trainer's first step", String::new, || {
         let status: Value = client.get(format!("{trainer_url}/status")).send().ok()?.json().ok()?;
         (status["step"].as_u64()? >= 1).then_some(())
     });
 
-    let started = Instant::now();
     let operator = start_operator(dir);
-    kart_tests::log_if_slow("starting the operator and its control plane", started);
     let operator_url = format!("{}/metrics", operator.0.url);
     Kart {
         _children: vec![retriever, sglang, rollout, embedded, trainer],
@@ -393,7 +378,7 @@ fn start_operator(dir: &Path) -> (Operator, ControlPlane) {
         Operator::start(&cp.kubeconfig, "kart-operator-0", &dir.join("operator.log"), &args, None).unwrap();
     let client = http();
     let url = format!("{}/metrics", operator.url);
-    poll("the operator's metrics of both reconcilers", Duration::from_secs(API_SECONDS), || {
+    eventually(API_SECONDS, "the operator's metrics of both reconcilers", String::new, || {
         let page = client.get(&url).send().ok()?.text().ok()?;
         let seen = [
             r#"kart_operator_reconcile_errors_total{controller="retriever",reason="api"}"#,
@@ -485,13 +470,13 @@ fn prometheus_scrapes_kart_and_evaluates_the_alerts() {
     wait_ready(&format!("{base}/-/ready"), &mut prometheus, Duration::from_secs(300));
 
     let client = http();
-    let deadline = Duration::from_secs(300);
+    let seconds = 300;
     // A retriever metric, a rollout metric and a training metric, as scraped.
-    let documents = poll("kart_retriever_documents scraped", deadline, || {
+    let documents = eventually(seconds, "kart_retriever_documents scraped", String::new, || {
         prometheus_query(&client, &base, r#"kart_retriever_documents{job="kart-retriever"}"#)?.pop()
     });
     assert_eq!(documents["value"][1], "3", "{documents}");
-    let searches = poll("kart_rollout_tool_calls_total scraped", deadline, || {
+    let searches = eventually(seconds, "kart_rollout_tool_calls_total scraped", String::new, || {
         prometheus_query(
             &client,
             &base,
@@ -500,19 +485,19 @@ fn prometheus_scrapes_kart_and_evaluates_the_alerts() {
         .pop()
     });
     assert_eq!(searches["value"][1], "4", "{searches}");
-    let steps = poll("kart_trainer_step scraped", deadline, || {
+    let steps = eventually(seconds, "kart_trainer_step scraped", String::new, || {
         prometheus_query(&client, &base, r#"kart_trainer_step{job="kart-trainer"} >= 1"#)?.pop()
     });
     assert!(steps["value"][1].as_str().unwrap().parse::<f64>().unwrap() >= 1.0, "{steps}");
     // And the operator's.
-    let waiting = poll("kart_operator_training_jobs scraped", deadline, || {
+    let waiting = eventually(seconds, "kart_operator_training_jobs scraped", String::new, || {
         let query = r#"kart_operator_training_jobs{job="kart-operator", phase="WaitingForDependencies"}"#;
         prometheus_query(&client, &base, query)?.pop()
     });
     assert_eq!(waiting["value"][1], "1", "{waiting}");
 
     // Every alerting rule loads and evaluates without error against the scraped series.
-    let rules: Vec<Value> = poll("every rule evaluated", deadline, || {
+    let rules: Vec<Value> = eventually(seconds, "every rule evaluated", String::new, || {
         let answer: Value = client.get(format!("{base}/api/v1/rules")).send().ok()?.json().ok()?;
         let rules: Vec<Value> = answer["data"]["groups"]
             .as_array()?
