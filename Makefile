@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO_FLAGS := --release --locked
 ENV := source scripts/env.sh &&
 
-.PHONY: setup build local test control-plane fuzz-build fuzz-smoke
+.PHONY: setup build local test test-build test-run control-plane fuzz-build fuzz-smoke
 setup:
 	bash scripts/setup.sh
 
@@ -15,17 +15,28 @@ build: setup
 local: build
 	$(ENV) "$${CARGO_TARGET_DIR:-target}/release/kart" local $(ARGS)
 
+# Three steps, each with a build at a lower priority beside it that takes the CPU the other leaves
+# idle: set-up (downloads) and one cargo build of the binaries and the tests, with the control
+# plane's Go build beside them; the tests (waiting on servers and clusters a good part of the
+# time), with the fuzz targets' build beside them; then the fuzz targets.
+test:
+	$(MAKE) --no-print-directory -j2 test-build control-plane
+	$(MAKE) --no-print-directory -j2 test-run fuzz-build
+	$(MAKE) --no-print-directory fuzz-smoke
+
 # One build of the binaries and the tests together: built apart, the tests' dev-dependencies
 # change the features of shared dependencies (tokio, hyper, …) and every crate above them is
-# compiled twice. The tests run kart, kart-operator and kart-node from the target folder.
-test: setup control-plane
+# compiled twice.
+test-build: setup
 	$(ENV) cargo build $(CARGO_FLAGS) --workspace --bins --tests
+
+# The tests run kart, kart-operator and kart-node from the target folder, and the control plane.
+test-run: test-build control-plane
 	$(ENV) cargo test $(CARGO_FLAGS) --workspace
-	$(MAKE) --no-print-directory fuzz-smoke
 
 # The control plane of the operator tests (cached outside the clone; `up` builds it too).
 control-plane:
-	bash scripts/control-plane.sh build >/dev/null
+	nice -n 10 bash scripts/control-plane.sh build >/dev/null
 
 # Every cargo-fuzz target of fuzz/ for FUZZ_SECONDS, from its seeds and the corpus kept so far:
 # on nightly with AddressSanitizer, else on stable without a sanitizer. Builds into the cargo
@@ -37,7 +48,7 @@ FUZZ := $(if $(NIGHTLY),cargo +nightly fuzz,cargo fuzz)
 FUZZ_FLAGS = --sanitizer $(if $(NIGHTLY),address,none) --target-dir $${CARGO_TARGET_DIR:-$(CURDIR)/target}/fuzz
 fuzz-build: setup
 	@[ -n "$(NIGHTLY)" ] || echo "fuzz: no nightly toolchain: building without AddressSanitizer"
-	cd fuzz && $(FUZZ) build $(FUZZ_FLAGS)
+	cd fuzz && nice -n 10 $(FUZZ) build $(FUZZ_FLAGS)
 
 fuzz-smoke: fuzz-build
 	cd fuzz && for target in $$($(FUZZ) list); do \
