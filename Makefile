@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO_FLAGS := --release --locked
 ENV := source scripts/env.sh &&
 
-.PHONY: setup build local test test-build test-run control-plane fuzz-build fuzz-smoke
+.PHONY: setup build local test test-build test-run control-plane vllm fuzz-build fuzz-smoke
 setup:
 	bash scripts/setup.sh
 
@@ -15,12 +15,13 @@ build: setup
 local: build
 	$(ENV) "$${CARGO_TARGET_DIR:-target}/release/kart" local $(ARGS)
 
-# Three steps, each with a build at a lower priority beside it that takes the CPU the other leaves
+# Three steps, each with work at a lower priority beside it that takes the CPU the other leaves
 # idle: set-up (downloads) and one cargo build of the binaries and the tests, with the control
-# plane's Go build beside them; the tests (waiting on servers and clusters a good part of the
-# time), with the fuzz targets' build beside them; then the fuzz targets.
+# plane's Go build and the real vLLM's set-up beside them; the tests (waiting on servers and
+# clusters a good part of the time), with the fuzz targets' build beside them; then the fuzz
+# targets.
 test:
-	$(MAKE) --no-print-directory -j2 test-build control-plane
+	$(MAKE) --no-print-directory -j3 test-build control-plane vllm
 	$(MAKE) --no-print-directory -j2 test-run fuzz-build
 	$(MAKE) --no-print-directory fuzz-smoke
 
@@ -30,13 +31,18 @@ test:
 test-build: setup
 	$(ENV) cargo build $(CARGO_FLAGS) --workspace --bins --tests
 
-# The tests run kart, kart-operator and kart-node from the target folder, and the control plane.
-test-run: test-build control-plane
+# The tests run kart, kart-operator and kart-node from the target folder, the control plane and
+# vLLM.
+test-run: test-build control-plane vllm
 	$(ENV) cargo test $(CARGO_FLAGS) --workspace
 
 # The control plane of the operator tests (cached outside the clone; `up` builds it too).
 control-plane:
 	nice -n 10 bash scripts/control-plane.sh build >/dev/null
+
+# vLLM's CPU build in a venv of its own and the fixture models it serves (for the tests only).
+vllm: setup
+	nice -n 10 bash scripts/vllm/setup.sh
 
 # Every cargo-fuzz target of fuzz/ for FUZZ_SECONDS, from its seeds and the corpus kept so far:
 # on nightly with AddressSanitizer, else on stable without a sanitizer. Builds into the cargo

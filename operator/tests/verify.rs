@@ -248,7 +248,7 @@ async fn a_training_job_pulling_weights_into_a_vllm_pool_is_refused_naming_the_w
     let message = condition["message"].as_str().unwrap();
     assert_eq!(
         message,
-        "spec.config.weight_sync.kind = http_pull: RolloutPool pool runs the vLLM engine: use vllm_broadcast"
+        "spec.config.weight_sync.kind = http_pull: RolloutPool pool runs the vLLM engine: use vllm_disk or vllm_broadcast"
     );
     let event =
         expect(&mut api, Method::POST, "/apis/events.k8s.io/v1/namespaces/ml/events", false, 201, echo).await;

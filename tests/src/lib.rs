@@ -6,6 +6,7 @@
 pub mod control_plane;
 pub mod node_agent;
 pub mod operator;
+pub mod vllm;
 
 use std::path::{Path, PathBuf};
 
@@ -227,11 +228,20 @@ pub fn capitals_train_config(dir: &Path, out: &Path, workers: &[&str], steps: u6
 /// retriever at `retriever_url`, its config written to `dir/rollout.json`, on a free loopback
 /// port: the process, once ready, and its URL.
 pub fn rollout_worker(dir: &Path, engine: serde_json::Value, retriever_url: &str) -> (Child, String) {
+    rollout_worker_on(dir, &shared_dir().join("fixtures/models/tiny-qwen2"), engine, retriever_url)
+}
+
+/// [`rollout_worker`] on the model folder `model`.
+pub fn rollout_worker_on(
+    dir: &Path,
+    model: &Path,
+    engine: serde_json::Value,
+    retriever_url: &str,
+) -> (Child, String) {
     let port = free_port();
     let config = dir.join("rollout.json");
     let body = serde_json::json!({
-        "host": "127.0.0.1", "port": port, "model": shared_dir().join("fixtures/models/tiny-qwen2"),
-        "engine": engine, "retriever_url": retriever_url,
+        "host": "127.0.0.1", "port": port, "model": model, "engine": engine, "retriever_url": retriever_url,
     });
     std::fs::write(&config, body.to_string()).expect("write the worker's config");
     let mut child = Child(

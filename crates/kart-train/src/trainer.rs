@@ -519,8 +519,8 @@ impl Trainer {
         let version = self.version;
         match self.publisher.catch_up(&self.learner.policy, version, behind).await {
             Ok(0) => {}
-            Ok(replicas) => tracing::info!(replicas, version, "SGLang replicas caught up"),
-            Err(error) => tracing::warn!(%error, version, "catching up SGLang replicas failed"),
+            Ok(replicas) => tracing::info!(replicas, version, "inference replicas caught up"),
+            Err(error) => tracing::warn!(%error, version, "catching up inference replicas failed"),
         }
     }
 
@@ -808,7 +808,7 @@ fn connect(
         let metrics = RolloutMetrics::new(endpoints.registry);
         return Ok((Arc::new(InProcessPool::new(ctx, Some(metrics))), Publisher::InProcess(engine)));
     }
-    Ok(match &config.weight_sync {
+    let publisher = match &config.weight_sync {
         WeightSync::HttpPull { advertise_url } => {
             let token = endpoints.serving.token;
             let from = PullFrom::new(advertise_url.clone().unwrap_or(endpoints.serving.advertise_url));
@@ -823,17 +823,14 @@ fn connect(
                 keep.saturating_add(1),
                 token.as_ref(),
             );
-            (Arc::new(RemotePool::new(urls, Some(from), timeout, retry_deadline, token.as_ref())), publisher)
+            let pool = RemotePool::new(urls, Some(from), timeout, retry_deadline, token.as_ref());
+            return Ok((Arc::new(pool), publisher));
         }
-        WeightSync::SglangDisk { path, urls: servers } => (
-            Arc::new(RemotePool::new(urls, None, timeout, retry_deadline, endpoints.serving.token.as_ref())),
-            Publisher::sglang_disk(
-                path.clone(),
-                servers.clone(),
-                config.model.clone(),
-                config.rollout.interruptible,
-            ),
-        ),
+        WeightSync::SglangDisk { path, urls: servers } | WeightSync::VllmDisk { path, urls: servers } => {
+            let (server, _) = config.weight_sync.servers().expect("a disk sync updates servers");
+            let interrupt = config.rollout.interruptible;
+            Publisher::disk(server, path.clone(), servers.clone(), config.model.clone(), interrupt)
+        }
         WeightSync::SglangBroadcast {
             urls: servers,
             master_address,
@@ -853,18 +850,12 @@ fn connect(
                 timeout: Duration::from_secs_f64(*timeout_secs),
                 interrupt: config.rollout.interruptible,
             };
-            (
-                Arc::new(RemotePool::new(
-                    urls,
-                    None,
-                    timeout,
-                    retry_deadline,
-                    endpoints.serving.token.as_ref(),
-                )),
-                Publisher::Broadcast(Broadcaster::new(broadcast, device)),
-            )
+            Publisher::Broadcast(Broadcaster::new(broadcast, device))
         }
-    })
+    };
+    // Workers of SGLang or vLLM servers: no weights to name in requests.
+    let pool = RemotePool::new(urls, None, timeout, retry_deadline, endpoints.serving.token.as_ref());
+    Ok((Arc::new(pool), publisher))
 }
 
 /// The local index in `dir` as a search tool searched in this process.

@@ -7,11 +7,12 @@
 //!   before generating; pushing `POST /weights {version, url}` to each rollout URL is an
 //!   optimisation that loads one worker per URL ahead of the requests, and a push that fails (a
 //!   worker restarting) is only logged;
-//! - SGLang from disk: the trainer writes a Hugging Face folder to a shared path and calls
-//!   `/update_weights_from_disk` with the version as `weight_version` on every replica behind the
-//!   configured URLs (see [`crate::replicas`]), each tried up to three times. A replica that still
-//!   fails fails the publish, and with it the step: no step trains on trajectories of replicas
-//!   left on different weights.
+//! - SGLang or vLLM from disk: the trainer writes a Hugging Face folder to a shared path and every
+//!   replica behind the configured URLs (see [`crate::replicas`]) loads it as the version, each
+//!   tried up to three times: SGLang through `/update_weights_from_disk`, vLLM paused, reloading
+//!   in place and resumed ([`VllmEngine::reload_from_disk`]). A replica that still fails fails the
+//!   publish, and with it the step: no step trains on trajectories of replicas left on different
+//!   weights.
 
 use kart_model::CausalLm;
 
@@ -30,6 +31,7 @@ use kart_http::token::Token;
 use kart_model::EmbeddedEngine;
 use kart_model::save_safetensors;
 use kart_rollout::engines::sglang::SglangEngine;
+use kart_rollout::engines::vllm::VllmEngine;
 use serde_json::json;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -46,7 +48,7 @@ pub enum SyncError {
     /// The worker behind `url` runs an engine (SGLang, vLLM) that takes no weights through it:
     /// nothing would ever bring that engine to the trainer's weights.
     #[error(
-        "{url}: {reason}: weight_sync.kind = http_pull needs workers of the embedded engine (sglang_disk or sglang_broadcast keeps SGLang servers on the trainer's weights, vllm_broadcast vLLM servers)"
+        "{url}: {reason}: weight_sync.kind = http_pull needs workers of the embedded engine (sglang_disk or sglang_broadcast keeps SGLang servers on the trainer's weights, vllm_disk or vllm_broadcast vLLM servers)"
     )]
     Rejected { url: String, reason: String },
     #[error("embedded engine: {0}")]
@@ -147,9 +149,9 @@ pub enum Publisher {
         keep: usize,
         client: reqwest::Client,
     },
-    /// SGLang servers reload a Hugging Face folder from a shared path: every replica behind `urls`,
-    /// aborting the requests in flight when `interrupt`.
-    SglangDisk { path: PathBuf, urls: Vec<String>, source_dir: PathBuf, interrupt: bool },
+    /// SGLang or vLLM servers reload a Hugging Face folder from a shared path: every replica
+    /// behind `urls`, SGLang aborting the requests in flight when `interrupt`.
+    Disk { server: InferenceServer, path: PathBuf, urls: Vec<String>, source_dir: PathBuf, interrupt: bool },
     /// SGLang or vLLM servers receive the tensors broadcast from this rank.
     Broadcast(Broadcaster),
 }
@@ -168,9 +170,15 @@ impl Publisher {
         Publisher::HttpPull { workers, from, dir, store, keep, client: client(token) }
     }
 
-    /// An SGLang publisher writing folders under `path`.
-    pub fn sglang_disk(path: PathBuf, urls: Vec<String>, source_dir: PathBuf, interrupt: bool) -> Self {
-        Publisher::SglangDisk { path, urls, source_dir, interrupt }
+    /// A publisher for `server`s writing folders under `path`.
+    pub fn disk(
+        server: InferenceServer,
+        path: PathBuf,
+        urls: Vec<String>,
+        source_dir: PathBuf,
+        interrupt: bool,
+    ) -> Self {
+        Publisher::Disk { server, path, urls, source_dir, interrupt }
     }
 
     /// Publishes the policy's weights as `version`; returns when every engine uses them (for HTTP
@@ -207,14 +215,15 @@ impl Publisher {
                 }
                 Ok(Published { replicas, bytes })
             }
-            Publisher::SglangDisk { path, urls, source_dir, interrupt } => {
+            Publisher::Disk { server, path, urls, source_dir, interrupt } => {
                 let folder = path.join(format!("v{version}"));
                 let tensors = policy.named_tensors();
                 save_pretrained(&folder, policy.config(), &tensors, Some(source_dir), policy.kind())
                     .map_err(|source| SyncError::Write { version, source })?;
                 let replicas = replicas::resolve(urls).await?;
                 let model_path = folder.display().to_string();
-                let updates = replicas.iter().map(|r| update_from_disk(r, &model_path, version, *interrupt));
+                let updates =
+                    replicas.iter().map(|r| update_from_disk(*server, r, &model_path, version, *interrupt));
                 let outcomes = futures::future::join_all(updates).await;
                 let failures: Vec<String> = replicas
                     .iter()
@@ -224,7 +233,7 @@ impl Publisher {
                 if replicas.is_empty() || !failures.is_empty() {
                     let total = replicas.len();
                     return Err(SyncError::Replicas {
-                        server: InferenceServer::Sglang.name(),
+                        server: server.name(),
                         version,
                         updated: total - failures.len(),
                         total,
@@ -254,7 +263,8 @@ impl Publisher {
         match self {
             Publisher::InProcess(_) => "in_process",
             Publisher::HttpPull { .. } => "http_pull",
-            Publisher::SglangDisk { .. } => "sglang_disk",
+            Publisher::Disk { server: InferenceServer::Sglang, .. } => "sglang_disk",
+            Publisher::Disk { server: InferenceServer::Vllm, .. } => "vllm_disk",
             Publisher::Broadcast(broadcaster) => broadcaster.method(),
         }
     }
@@ -271,16 +281,23 @@ impl Publisher {
         match self {
             Publisher::InProcess(_) | Publisher::HttpPull { .. } => Ok(0),
             Publisher::Broadcast(broadcaster) => Ok(broadcaster.catch_up(policy, version).await?.replicas),
-            Publisher::SglangDisk { path, interrupt, .. } => {
+            Publisher::Disk { server, path, interrupt, .. } => {
                 let model_path = path.join(format!("v{version}")).display().to_string();
                 let mut caught_up = 0;
                 for replica in behind {
-                    let engine = SglangEngine::new(replica, UPDATE_TIMEOUT);
                     // A look before the last catch-up may name a replica already brought up.
-                    if engine.weight_version().await.is_ok_and(|held| held == Some(version)) {
+                    let held = match server {
+                        InferenceServer::Sglang => {
+                            SglangEngine::new(replica, UPDATE_TIMEOUT).weight_version().await
+                        }
+                        InferenceServer::Vllm => {
+                            VllmEngine::control(replica, UPDATE_TIMEOUT).weight_version().await
+                        }
+                    };
+                    if held.is_ok_and(|held| held == Some(version)) {
                         continue;
                     }
-                    update_from_disk(replica, &model_path, version, *interrupt)
+                    update_from_disk(*server, replica, &model_path, version, *interrupt)
                         .await
                         .map_err(|e| SyncError::Remote { url: replica.clone(), reason: e.to_string() })?;
                     caught_up += 1;
@@ -291,23 +308,30 @@ impl Publisher {
     }
 }
 
-/// Loads the folder `model_path` on the SGLang server at `replica` as `version` (aborting its
+/// Loads the folder `model_path` on the `server` at `replica` as `version` (SGLang aborting its
 /// requests in flight when `interrupt`), retrying per [`UPDATE_RETRY`].
 async fn update_from_disk(
+    server: InferenceServer,
     replica: &str,
     model_path: &str,
     version: i64,
     interrupt: bool,
 ) -> Result<(), EngineError> {
-    let engine = SglangEngine::new(replica, UPDATE_TIMEOUT);
     let mut delays = UPDATE_RETRY.backoff().take(UPDATE_RETRY.retries as usize);
     loop {
-        let error = match engine.update_weights_from_disk(model_path, version, interrupt).await {
-            Ok(()) => return Ok(()),
-            Err(error) => error,
+        let updated = match server {
+            InferenceServer::Sglang => {
+                let engine = SglangEngine::new(replica, UPDATE_TIMEOUT);
+                engine.update_weights_from_disk(model_path, version, interrupt).await
+            }
+            InferenceServer::Vllm => {
+                VllmEngine::control(replica, UPDATE_TIMEOUT).reload_from_disk(model_path, version).await
+            }
         };
+        let Err(error) = updated else { return Ok(()) };
         let Some(delay) = delays.next() else { return Err(error) };
-        tracing::warn!(replica, version, %error, "updating an SGLang replica failed; retrying");
+        let server = server.name();
+        tracing::warn!(replica, version, %error, server, "updating a replica failed; retrying");
         tokio::time::sleep(delay).await;
     }
 }
@@ -382,7 +406,8 @@ mod tests {
         let policy = CausalLm::load(&model, tch::Device::Cpu).unwrap();
         let ((a, a_seen), (b, b_seen)) = (fake_sglang().await, fake_sglang().await);
         let dir = tempfile::tempdir().unwrap();
-        let publisher = Publisher::sglang_disk(dir.path().to_path_buf(), vec![a, b], model, true);
+        let publisher =
+            Publisher::disk(InferenceServer::Sglang, dir.path().to_path_buf(), vec![a, b], model, true);
         let published = publisher.publish(&policy, 7).await.unwrap();
         assert_eq!(published.replicas, 2);
         let folder = dir.path().join("v7");
@@ -394,6 +419,70 @@ mod tests {
         let file = std::fs::metadata(folder.join("model.safetensors")).unwrap().len();
         assert!(published.bytes > 0 && published.bytes < file, "{published:?}, file {file}");
         assert!(file - published.bytes < 1 << 20, "{published:?}, file {file}");
+    }
+
+    /// A fake vLLM server (its RL routes) recording each call's path and body; with `fail`, every
+    /// `reload_weights` answers 500.
+    async fn fake_vllm(fail: bool) -> (String, Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>) {
+        use axum::http::{StatusCode, Uri};
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let handler = move |uri: Uri, body: axum::body::Bytes| {
+            let body = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+            let reload = uri.path() == "/collective_rpc";
+            record.lock().unwrap().push((uri.to_string(), body));
+            async move {
+                match reload && fail {
+                    true => {
+                        (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({"error": "no such folder"})))
+                    }
+                    false => (StatusCode::OK, axum::Json(json!({"results": [null]}))),
+                }
+            }
+        };
+        let router = axum::Router::new().fallback(handler);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        (url, seen)
+    }
+
+    #[tokio::test]
+    async fn vllm_disk_reloads_every_replica_between_a_pause_and_a_resume() {
+        let model = kart_testing::model("tiny-qwen2");
+        let policy = CausalLm::load(&model, tch::Device::Cpu).unwrap();
+        let ((a, a_seen), (b, b_seen)) = (fake_vllm(false).await, fake_vllm(true).await);
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("v3").display().to_string();
+        let calls = |version: &str| {
+            vec![
+                ("/pause?mode=wait".to_string(), json!({})),
+                (
+                    "/collective_rpc".into(),
+                    json!({"method": "reload_weights", "kwargs": {"weights_path": folder}}),
+                ),
+                ("/update_weight_version".into(), json!({"new_version": version})),
+                ("/resume".into(), json!({})),
+            ]
+        };
+        let publisher =
+            Publisher::disk(InferenceServer::Vllm, dir.path().into(), vec![a.clone()], model.clone(), false);
+        assert_eq!(publisher.publish(&policy, 3).await.unwrap().replicas, 1);
+        assert_eq!(*a_seen.lock().unwrap(), calls("3"));
+        assert_eq!(publisher.method(), "vllm_disk");
+
+        // A replica whose reload keeps failing is resumed each time and fails the publish, named.
+        a_seen.lock().unwrap().clear();
+        let publisher =
+            Publisher::disk(InferenceServer::Vllm, dir.path().into(), vec![a, b.clone()], model, false);
+        let error = publisher.publish(&policy, 3).await.unwrap_err().to_string();
+        assert!(error.starts_with("weights v3 reached 1 of 2 vLLM replicas"), "{error}");
+        assert!(error.contains(&b) && error.contains("no such folder"), "{error}");
+        let attempt = [calls("3")[0].clone(), calls("3")[1].clone(), calls("3")[3].clone()];
+        let tries = 1 + UPDATE_RETRY.retries as usize;
+        let attempts: Vec<_> = std::iter::repeat_n(attempt, tries).flatten().collect();
+        assert_eq!(*b_seen.lock().unwrap(), attempts, "paused, reload failed, resumed; each try");
+        assert_eq!(*a_seen.lock().unwrap(), calls("3"));
     }
 
     #[test]

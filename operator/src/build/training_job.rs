@@ -75,7 +75,8 @@ pub fn status_url(tj: &TrainingJob) -> String {
 /// The config the trainer reads: the user's with `output_dir` on the checkpoint volume, the
 /// server on 0.0.0.0:8002, `rollout.urls` from `rolloutPoolRef` and `rollout.retriever_url` from
 /// `retrieverRef` when unset, and the weight-sync URLs: the one workers pull from, or the pool's
-/// SGLang replicas (every ready server) for `sglang_disk` and `sglang_broadcast` without `urls`.
+/// replicas (every ready server) for `sglang_disk`, `sglang_broadcast`, `vllm_disk` and
+/// `vllm_broadcast` without `urls`.
 pub fn render_config(tj: &TrainingJob) -> TrainConfig {
     let name = tj.name_any();
     let namespace = tj.namespace().unwrap_or_default();
@@ -105,7 +106,7 @@ pub fn render_config(tj: &TrainingJob) -> TrainConfig {
                 *urls = vec![rollout_pool::replicas_url(InferenceServer::Sglang, pool, &namespace)];
             }
         }
-        WeightSync::VllmBroadcast { urls, .. } if urls.is_empty() => {
+        WeightSync::VllmDisk { urls, .. } | WeightSync::VllmBroadcast { urls, .. } if urls.is_empty() => {
             if let Some(pool) = &spec.rollout_pool_ref {
                 *urls = vec![rollout_pool::replicas_url(InferenceServer::Vllm, pool, &namespace)];
             }
@@ -180,7 +181,7 @@ pub fn validate(tj: &TrainingJob) -> Result<(), InvalidSpec> {
 
 /// Whether the trainer's weight sync can keep the engine of `pool` (the RolloutPool of
 /// `rolloutPoolRef`) on its weights: `http_pull` for kart's embedded engine, `sglang_disk` or
-/// `sglang_broadcast` for SGLang, `vllm_broadcast` for vLLM.
+/// `sglang_broadcast` for SGLang, `vllm_disk` or `vllm_broadcast` for vLLM.
 pub fn weight_sync_fits(tj: &TrainingJob, pool: &RolloutPool) -> Result<(), InvalidSpec> {
     let pool_name = pool.name_any();
     let sync = &tj.spec.config.weight_sync;
@@ -190,7 +191,7 @@ pub fn weight_sync_fits(tj: &TrainingJob, pool: &RolloutPool) -> Result<(), Inva
         | (EngineConfig::Vllm { .. }, Some((InferenceServer::Vllm, _))) => return Ok(()),
         (EngineConfig::Embedded { .. }, _) => ("embedded", "http_pull"),
         (EngineConfig::Sglang { .. }, _) => ("SGLang", "sglang_disk or sglang_broadcast"),
-        (EngineConfig::Vllm { .. }, _) => ("vLLM", "vllm_broadcast"),
+        (EngineConfig::Vllm { .. }, _) => ("vLLM", "vllm_disk or vllm_broadcast"),
     };
     let kind = sync.kind();
     Err(InvalidSpec::new(
@@ -463,7 +464,7 @@ mod tests {
             EngineConfig::Vllm { urls: vec![], model: "qwen".into(), timeout_secs: 60.0 };
         assert_eq!(
             message(&tj, &pool),
-            "spec.config.weight_sync.kind = http_pull: RolloutPool pool runs the vLLM engine: use vllm_broadcast"
+            "spec.config.weight_sync.kind = http_pull: RolloutPool pool runs the vLLM engine: use vllm_disk or vllm_broadcast"
         );
         tj.spec.config.weight_sync =
             serde_json::from_value(serde_json::json!({"kind": "vllm_broadcast"})).unwrap();

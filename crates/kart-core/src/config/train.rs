@@ -563,6 +563,17 @@ pub enum WeightSync {
         #[serde(default = "default_sync_timeout_secs")]
         timeout_secs: f64,
     },
+    /// Write a Hugging Face folder to a shared path and have every vLLM replica load it in place
+    /// (servers started with `VLLM_SERVER_DEV_MODE=1`, on any device): each is paused once its
+    /// requests in flight finished, reloads its weights from the folder (`reload_weights` through
+    /// `/collective_rpc`), takes the version (`/update_weight_version`) and resumes.
+    VllmDisk {
+        /// Shared folder the vLLM servers see at the same path (absolute).
+        path: PathBuf,
+        /// vLLM server URLs, as for `sglang_disk`.
+        #[serde(default)]
+        urls: Vec<String>,
+    },
     /// Broadcast the tensors from trainer rank 0 to the workers of every vLLM replica through
     /// vLLM's weight-transfer engine (servers started with `VLLM_SERVER_DEV_MODE=1` and
     /// `--weight-transfer-config '{"backend": "nccl"}'`): the workers join an NCCL communicator
@@ -621,7 +632,9 @@ impl WeightSync {
             WeightSync::SglangDisk { urls, .. } | WeightSync::SglangBroadcast { urls, .. } => {
                 Some((InferenceServer::Sglang, urls))
             }
-            WeightSync::VllmBroadcast { urls, .. } => Some((InferenceServer::Vllm, urls)),
+            WeightSync::VllmDisk { urls, .. } | WeightSync::VllmBroadcast { urls, .. } => {
+                Some((InferenceServer::Vllm, urls))
+            }
         }
     }
 
@@ -631,6 +644,7 @@ impl WeightSync {
             WeightSync::HttpPull { .. } => "http_pull",
             WeightSync::SglangDisk { .. } => "sglang_disk",
             WeightSync::SglangBroadcast { .. } => "sglang_broadcast",
+            WeightSync::VllmDisk { .. } => "vllm_disk",
             WeightSync::VllmBroadcast { .. } => "vllm_broadcast",
         }
     }
@@ -767,11 +781,11 @@ impl TrainConfig {
                 "needs weight_sync.kind = sglang_disk or sglang_broadcast (the embedded engine already swaps weights between decoding steps; vLLM's updates wait for the requests in flight)",
             );
         }
-        if let WeightSync::SglangDisk { path, .. } = &self.weight_sync
+        if let WeightSync::SglangDisk { path, .. } | WeightSync::VllmDisk { path, .. } = &self.weight_sync
             && !path.is_absolute()
         {
             let value = format!("{path:?}");
-            return err("weight_sync.path", &value, "must be an absolute path the SGLang servers see too");
+            return err("weight_sync.path", &value, "must be an absolute path the inference servers see too");
         }
         if let WeightSync::SglangBroadcast { master_address, bucket_mb, timeout_secs, .. }
         | WeightSync::VllmBroadcast { master_address, bucket_mb, timeout_secs, .. } = &self.weight_sync
@@ -992,6 +1006,17 @@ mod tests {
             ),
             (sglang("/w", &[]), "weight_sync.urls = []: must name the SGLang servers"),
             (sglang("/w", &["s:30000"]), "weight_sync.urls = s:30000: must be http:// or https://"),
+            (
+                serde_json::from_value(
+                    serde_json::json!({"kind": "vllm_disk", "path": "w", "urls": ["http://v:8000"]}),
+                )
+                .unwrap(),
+                "weight_sync.path = \"w\": must be an absolute path",
+            ),
+            (
+                serde_json::from_value(serde_json::json!({"kind": "vllm_disk", "path": "/w"})).unwrap(),
+                "weight_sync.urls = []: must name the vLLM servers",
+            ),
         ] {
             let mut c = valid();
             c.weight_sync = sync;
@@ -1001,6 +1026,21 @@ mod tests {
         let mut c = valid();
         c.weight_sync = sglang("/w", &["http://pool-sglang-replicas.ml.svc:30000"]);
         assert_eq!(c.validate(), Ok(()));
+        let vllm_disk = serde_json::json!({"kind": "vllm_disk", "path": "/w", "urls": ["http://v:8000"]});
+        let vllm_disk: WeightSync = serde_json::from_value(vllm_disk).unwrap();
+        assert_eq!(
+            (vllm_disk.kind(), vllm_disk.servers().map(|(s, _)| s)),
+            ("vllm_disk", Some(InferenceServer::Vllm))
+        );
+        let mut v = valid();
+        v.weight_sync = vllm_disk;
+        assert_eq!(v.validate(), Ok(()));
+        v.rollout.interruptible = true;
+        let error = v.validate().unwrap_err().to_string();
+        assert!(
+            error.starts_with("rollout.interruptible = true: needs weight_sync.kind = sglang_disk"),
+            "{error}"
+        );
         c.rollout.interruptible = true;
         assert_eq!(c.validate(), Ok(()));
         c.weight_sync = WeightSync::default();

@@ -21,7 +21,8 @@
 //! trainer's NCCL communicator; a publish is [`VllmEngine::pause`] (the requests in flight finish
 //! first), [`VllmEngine::start_weight_update`], one [`VllmEngine::update_weights`] per bucket of
 //! broadcast tensors, [`VllmEngine::finish_weight_update`] with the version, and
-//! [`VllmEngine::resume`].
+//! [`VllmEngine::resume`]. From disk, on any device: [`VllmEngine::reload_from_disk`]
+//! (`reload_weights` through `/collective_rpc`, then `/update_weight_version`).
 //!
 //! Policy versions: before each request the client reads the server's `weight_version`
 //! (`GET /weight_info`); a paused server holds new requests until the update finished, so that
@@ -162,6 +163,27 @@ impl VllmEngine {
     /// Resumes generation (`POST /resume`).
     pub async fn resume(&self) -> Result<(), EngineError> {
         self.http.post("/resume", &json!({})).await.map(drop)
+    }
+
+    /// Loads the Hugging Face folder `path` (a path the server sees) as policy `version`: pauses
+    /// once the requests in flight finished, reloads the weights in place on every worker
+    /// (`reload_weights` through `POST /collective_rpc`), sets the version
+    /// (`POST /update_weight_version`) and resumes, also when the reload failed. Records
+    /// `version`.
+    pub async fn reload_from_disk(&self, path: &str, version: i64) -> Result<(), EngineError> {
+        self.pause().await?;
+        let reload = json!({"method": "reload_weights", "kwargs": {"weights_path": path}});
+        let reloaded = match self.http.post("/collective_rpc", &reload).await {
+            Ok(_) => {
+                self.http.post("/update_weight_version", &json!({"new_version": version.to_string()})).await
+            }
+            Err(error) => Err(error),
+        };
+        let resumed = self.resume().await;
+        reloaded?;
+        resumed?;
+        self.set_version(version);
+        Ok(())
     }
 
     /// The version a request sent now is sampled with: the server's, else the one recorded.

@@ -178,7 +178,13 @@ async fn measure(
     let mut version = 0;
     let urls = &servers.sglang;
     let urls_count = urls.len() as u16;
-    let disk = Publisher::sglang_disk(dir.join("disk"), urls.clone(), model_dir.to_path_buf(), false);
+    let disk = Publisher::disk(
+        InferenceServer::Sglang,
+        dir.join("disk"),
+        urls.clone(),
+        model_dir.to_path_buf(),
+        false,
+    );
     let mut disk_secs = Vec::new();
     let mut bytes = 0;
     for _ in 0..repeats {

@@ -1,0 +1,87 @@
+//! A real vLLM server: vLLM's CPU build, which `scripts/vllm/setup.sh` installs in a virtualenv
+//! of its own (`KART_VLLM_VENV`, else `.venv-vllm`), serving one of the fixture models it can
+//! serve (`.serving-models/`, made by the same script).
+
+use crate::{free_port, log, repo_root, wait_ready};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// How long a server may take to start: about a minute on an idle 2-core machine.
+const START: Duration = Duration::from_secs(1200);
+
+/// The fixture model `name` (`serve-qwen2`, `serve-llama`): head size 32, which vLLM's CPU
+/// attention takes, with transformers' oracle outputs beside it.
+pub fn serving_model(name: &str) -> PathBuf {
+    let dir = repo_root().join(".serving-models").join(name);
+    assert!(dir.join("expected.json").is_file(), "{} missing: run scripts/vllm/setup.sh", dir.display());
+    dir
+}
+
+/// The Python of vLLM's virtualenv.
+fn python() -> PathBuf {
+    let venv =
+        std::env::var_os("KART_VLLM_VENV").map_or_else(|| repo_root().join(".venv-vllm"), PathBuf::from);
+    let python = venv.join("bin/python");
+    assert!(python.exists(), "no vLLM at {}: run scripts/vllm/setup.sh", venv.display());
+    python
+}
+
+/// A vLLM OpenAI-compatible server with its RL routes (`VLLM_SERVER_DEV_MODE=1`), in a process
+/// group of its own (its engine core is a second process), stopped with the group when dropped.
+pub struct Vllm {
+    child: crate::Child,
+    /// The copy of the model folder it serves.
+    _served_dir: tempfile::TempDir,
+    /// `http://127.0.0.1:{port}`.
+    pub url: String,
+    /// The name it serves the model under (`--served-model-name`): the folder's name.
+    pub served: String,
+}
+
+impl Vllm {
+    /// Starts vLLM on `model` in float32 (the oracle's precision) with `args` added, and waits
+    /// until it answers `/health`. It serves a copy of the folder without the oracle's files:
+    /// vLLM loads every `*.safetensors` of a folder as weights.
+    pub fn start(model: &Path, args: &[&str]) -> Vllm {
+        let port = free_port();
+        let served = model.file_name().expect("a model folder").to_string_lossy().into_owned();
+        let served_dir = tempfile::tempdir().expect("a temporary folder");
+        let copy = served_dir.path().join(&served);
+        std::fs::create_dir(&copy).expect("a folder for the model");
+        for entry in std::fs::read_dir(model).expect("the model folder").flatten() {
+            if entry.path().is_file() && !entry.file_name().to_string_lossy().starts_with("expected.") {
+                std::fs::copy(entry.path(), copy.join(entry.file_name())).expect("copy the model");
+            }
+        }
+        let mut command = Command::new(python());
+        command
+            .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+            .arg(&copy)
+            .args(["--served-model-name", &served, "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--dtype", "float32", "--max-model-len", "4096", "--seed", "0"])
+            .args(args)
+            .env("VLLM_SERVER_DEV_MODE", "1")
+            // GiB of KV cache: the default takes a share of the machine's memory.
+            .env("VLLM_CPU_KVCACHE_SPACE", "1")
+            .env("VLLM_LOGGING_LEVEL", "WARNING")
+            .env("HF_HUB_OFFLINE", "1");
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = crate::Child(command.spawn().expect("start vLLM"));
+        let mut server =
+            Vllm { child, _served_dir: served_dir, url: format!("http://127.0.0.1:{port}"), served };
+        let started = Instant::now();
+        wait_ready(&format!("{}/health", server.url), &mut server.child, START);
+        log(&format!("vLLM on {} ready in {} s", model.display(), started.elapsed().as_secs()));
+        server
+    }
+}
+
+impl Drop for Vllm {
+    fn drop(&mut self) {
+        // The whole group: the API server and the engine core it started.
+        let group = -(self.child.0.id() as i32);
+        // SAFETY: a signal to a process group this test started.
+        unsafe { libc::kill(group, libc::SIGKILL) };
+    }
+}
