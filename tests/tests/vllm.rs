@@ -1,10 +1,12 @@
 //! kart against a real vLLM (its CPU build, `kart_tests::vllm`): the same greedy tokens from
 //! transformers, kart's embedded engine and vLLM on the same weights, vLLM's log-probabilities
 //! equal to the ones kart recomputes for training (the off-policy correction divides by them),
-//! and `kart eval` and `kart infer` through vLLM giving what they give on the embedded engine.
+//! a request meaning the same on both engines (stop token ids, stop strings, `length` ends,
+//! seeds, a paused server holding requests until resumed), and `kart eval` and `kart infer`
+//! through vLLM giving what they give on the embedded engine.
 
-use kart_core::engine::Engine;
-use kart_core::generation::{FinishReason, GenerationRequest, SamplingParams};
+use kart_core::engine::{Engine, EngineError, EngineOutput};
+use kart_core::generation::{FinishReason, Generation, GenerationRequest, SamplingParams};
 use kart_model::logprobs::{DEFAULT_CHUNK, token_logprobs};
 use kart_model::{CausalLm, EmbeddedEngine};
 use kart_rollout::engines::vllm::VllmEngine;
@@ -136,6 +138,101 @@ fn engines_agree_on(model_dir: &Path, server: &Vllm) {
     ));
 }
 
+/// One request to both engines: vLLM's generation and the embedded engine's.
+async fn both(vllm: &VllmEngine, embedded: &EmbeddedEngine, request: GenerationRequest) -> [Generation; 2] {
+    let (v, e) = futures::join!(vllm.generate(request.clone()), embedded.generate(request));
+    [v.unwrap().generation, e.unwrap().generation]
+}
+
+/// What kart's requests ask for, on a real vLLM and the embedded engine on the same weights:
+/// a stop token id and a stop string end the generation at the token that completes them (kept,
+/// `stop`), `max_new_tokens` ends it (`length`), a seed makes sampling repeatable (and the
+/// log-probabilities at temperature 1 are kart's), and a paused server holds a request until it
+/// is resumed.
+fn requests_mean_the_same_on(model_dir: &Path, server: &Vllm) {
+    let cases = cases(model_dir);
+    let tokenizer = Tokenizer::load(model_dir).unwrap();
+    let model = CausalLm::load(model_dir, Device::Cpu).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let vllm = VllmEngine::new(&server.url, &server.served, Duration::from_secs(600));
+    let embedded =
+        EmbeddedEngine::spawn(CausalLm::load(model_dir, Device::Cpu).unwrap(), tokenizer.clone(), 8, 0, 0);
+    let case = cases.iter().max_by_key(|c| comparable(c)).unwrap();
+    let (prompt, greedy_ids) = (&case.input_ids, &case.greedy[..comparable(case)]);
+    assert!(greedy_ids.len() >= 8, "a case with 8 comparable steps: {}", greedy_ids.len());
+    runtime.block_on(async {
+        // A stop token id: the first token not seen before it, from the third on.
+        let k = (2..greedy_ids.len()).find(|&k| !greedy_ids[..k].contains(&greedy_ids[k])).unwrap();
+        let request =
+            GenerationRequest { stop_token_ids: vec![greedy_ids[k]], ..greedy(prompt, greedy_ids.len()) };
+        for (engine, g) in ["vllm", "embedded"].iter().zip(both(&vllm, &embedded, request).await) {
+            assert_eq!(g.token_ids, greedy_ids[..=k], "{engine}: stop token id {}", greedy_ids[k]);
+            assert_eq!(g.finish_reason, FinishReason::Stop, "{engine}: stop token id");
+        }
+
+        // A stop string: the text of the first token that is a word not in the text before it.
+        let text = |ids: &[u32]| tokenizer.decode(ids, false).unwrap();
+        let word = |k: usize| {
+            let word = text(&greedy_ids[k..=k]).trim().to_string();
+            let fits = word.len() >= 2 && word.chars().all(|c| c.is_ascii_alphanumeric());
+            (fits && !text(&greedy_ids[..k]).contains(&word)).then_some((k, word))
+        };
+        let (k, stop) = (1..greedy_ids.len()).find_map(word).expect("a word among the greedy tokens");
+        let request = GenerationRequest { stop: vec![stop.clone()], ..greedy(prompt, greedy_ids.len()) };
+        for (engine, g) in ["vllm", "embedded"].iter().zip(both(&vllm, &embedded, request).await) {
+            assert_eq!(g.token_ids, greedy_ids[..=k], "{engine}: stop string {stop:?}");
+            assert_eq!(g.finish_reason, FinishReason::Stop, "{engine}: stop string {stop:?}");
+        }
+
+        // `length`: fewer tokens than the generation would take.
+        for (engine, g) in ["vllm", "embedded"].iter().zip(both(&vllm, &embedded, greedy(prompt, 3)).await) {
+            assert_eq!(
+                (g.token_ids.as_slice(), g.finish_reason),
+                (&greedy_ids[..3], FinishReason::Length),
+                "{engine}"
+            );
+        }
+
+        // Seeds: the same seed samples the same tokens, another seed others; vLLM's
+        // log-probabilities at temperature 1 are kart's.
+        let sampled = |seed: u64| {
+            let requests = cases.iter().take(4).map(move |c| GenerationRequest {
+                sampling: SamplingParams { temperature: 1.0, seed: Some(seed), ..SamplingParams::default() },
+                ..greedy(&c.input_ids, 16)
+            });
+            futures::future::join_all(requests.map(|r| vllm.generate(r)))
+        };
+        let ids = |outputs: &[Result<EngineOutput, EngineError>]| {
+            outputs.iter().map(|o| o.as_ref().unwrap().generation.token_ids.clone()).collect::<Vec<_>>()
+        };
+        let (first, again, other) = (sampled(7).await, sampled(7).await, sampled(8).await);
+        assert_eq!(ids(&first), ids(&again), "seed 7 twice");
+        assert_ne!(ids(&first), ids(&other), "seeds 7 and 8");
+        for (c, output) in cases.iter().zip(&first) {
+            let g = &output.as_ref().unwrap().generation;
+            for (served, ours) in g.logprobs.iter().zip(recomputed(&model, &c.input_ids, &g.token_ids)) {
+                let diff = (*served as f64 - ours as f64).abs();
+                assert!(diff <= LOGPROB_TOLERANCE, "sampled at T=1: vLLM's {served} against kart's {ours}");
+            }
+        }
+
+        // Paused (once the requests in flight finished), the server holds a new request; resumed,
+        // it answers it.
+        let control = VllmEngine::control(&server.url, Duration::from_secs(600));
+        control.pause().await.unwrap();
+        let request = vllm.generate(greedy(prompt, greedy_ids.len()));
+        tokio::pin!(request);
+        // An observation window, not a wait for a server: a slow machine only makes it likelier
+        // that the request is still pending, which is what a paused server must show.
+        let held = tokio::time::timeout(Duration::from_secs(3), &mut request).await;
+        assert!(held.is_err(), "a paused vLLM answered: {held:?}");
+        control.resume().await.unwrap();
+        let resumed = request.await.unwrap().generation;
+        assert_eq!(resumed.token_ids, greedy_ids, "the held request, once resumed");
+    });
+    kart_tests::log(&format!("{}: stop ids, stop strings, length, seeds, pause and resume", server.served));
+}
+
 /// `kart` with `args` on `model` and the retriever at `retriever`: its stdout, or its stderr when
 /// it fails.
 fn kart(args: &[&str], model: &Path, retriever: &str) -> Result<String, String> {
@@ -220,10 +317,11 @@ fn eval_and_infer_agree(model: &Path, server: &Vllm) {
 }
 
 #[test]
-fn qwen2_on_vllm_agrees_with_kart_and_transformers_in_generation_eval_and_infer() {
+fn qwen2_on_vllm_agrees_with_kart_and_transformers_in_generation_requests_eval_and_infer() {
     let model = serving_model("serve-qwen2");
     let server = Vllm::start(&model, &[]);
     engines_agree_on(&model, &server);
+    requests_mean_the_same_on(&model, &server);
     eval_and_infer_agree(&model, &server);
 }
 
@@ -231,4 +329,32 @@ fn qwen2_on_vllm_agrees_with_kart_and_transformers_in_generation_eval_and_infer(
 fn llama_on_vllm_agrees_with_kart_and_transformers_in_generation() {
     let model = serving_model("serve-llama");
     engines_agree_on(&model, &Vllm::start(&model, &[]));
+}
+
+#[test]
+fn the_model_bench_times_generation_on_vllm_too() {
+    let json = fresh_dir("kart-bench-vllm").join("report.json");
+    let vllm_python = kart_tests::vllm::python();
+    let output = Command::new(binary("kart"))
+        .args(["bench", "model", "--quick", "--json"])
+        .arg(&json)
+        .arg("--vllm")
+        .arg(&vllm_python)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let vllm = &report["vllm"];
+    assert!(vllm["version"].as_str().is_some_and(|v| v.starts_with("0.32")), "{vllm}");
+    let rows = vllm["rows"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["batch"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 4], "{vllm}");
+    for row in rows {
+        for key in ["kart", "vllm", "ratio"] {
+            assert!(row[key].as_f64().unwrap() > 0.0, "{row}");
+        }
+        assert!(row["identical_greedy"].as_u64().unwrap() <= row["batch"].as_u64().unwrap(), "{row}");
+    }
+    assert!(stdout.contains("generation against vLLM 0.32"), "{stdout}");
+    kart_tests::log(&format!("kart bench model --quick against vLLM: {vllm}"));
 }

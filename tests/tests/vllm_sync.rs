@@ -3,21 +3,45 @@
 //! every version in place and reports it, the tokens carry it (no step trains on stale tokens),
 //! and after the last step each replica serves the trained model: its greedy tokens are those
 //! of kart's embedded engine on the last published weights.
+//!
+//! The servers and the worker are a RolloutPool with `engine.kind: vllm` as the operator builds
+//! it: each replica runs the container of the operator's inference Deployment (`vllm serve`, its
+//! arguments and environment), the worker the engine of the operator's rendered config. The
+//! Pods themselves wait for a node that runs images (the test cluster's node runs kart's only).
 
 use kart_core::engine::Engine;
 use kart_core::generation::{GenerationRequest, SamplingParams};
 use kart_model::{CausalLm, EmbeddedEngine};
+use kart_operator::build::{Settings, rollout_pool};
+use kart_operator::crd::RolloutPool;
 use kart_rollout::engines::vllm::VllmEngine;
-use kart_tests::vllm::{Vllm, serving_model};
+use kart_tests::vllm::{Vllm, serving_copy, serving_model};
 use kart_tests::{
     binary, capitals_retriever, capitals_train_config, fresh_dir, rollout_worker_on, step_records,
 };
 use kart_tokenizer::Tokenizer;
 use serde_json::json;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const STEPS: u64 = 3;
+/// The pool's `config.engine.model`: the name the replicas serve the model under.
+const SERVED: &str = "qwen";
+
+/// A RolloutPool of one worker and two vLLM replicas serving `model` (in float32, the oracle's
+/// precision), as a user writes it.
+fn pool(model: &Path) -> RolloutPool {
+    let spec = json!({
+        "replicas": 1,
+        "retrieverRef": "wiki",
+        "config": {"model": model, "engine": {"kind": "vllm", "model": SERVED}},
+        "inference": {"replicas": 2, "args": ["--dtype", "float32", "--max-model-len", "4096", "--seed", "0"]}
+    });
+    let mut pool = RolloutPool::new("pool", serde_json::from_value(spec).unwrap());
+    pool.metadata.namespace = Some("ml".into());
+    pool
+}
 
 fn greedy(input_ids: &[u32]) -> GenerationRequest {
     GenerationRequest {
@@ -35,13 +59,24 @@ fn every_vllm_replica_serves_the_trained_weights_after_each_step() {
     let dir = fresh_dir("kart-vllm-disk");
     let model = serving_model("serve-qwen2");
     let (_retriever, retriever_url) = capitals_retriever(&dir);
+    let (_copy, copy) = serving_copy(&model);
+    let pool = pool(&copy);
+    let children = rollout_pool::children(&pool, &Settings::default()).unwrap();
+    let deployment = children.inference.expect("the pool's inference servers").deployment;
+    let spec = deployment.spec.unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let container = &spec.template.spec.unwrap().containers[0];
     // Started side by side: most of a start is waiting.
     let replicas = std::thread::scope(|s| {
-        let starting = [s.spawn(|| Vllm::start(&model, &[])), s.spawn(|| Vllm::start(&model, &[]))];
+        let start = || Vllm::start_container(container, SERVED);
+        let starting = [s.spawn(start), s.spawn(start)];
         starting.map(|t| t.join().expect("a vLLM replica starts"))
     });
     let urls: Vec<&str> = replicas.iter().map(|r| r.url.as_str()).collect();
-    let engine = json!({"kind": "vllm", "urls": urls, "model": replicas[0].served});
+    // The worker's engine as the operator renders it (the Service's URL), on these replicas.
+    let mut engine = serde_json::to_value(rollout_pool::render_config(&pool).engine).unwrap();
+    assert_eq!(engine["urls"], json!(["http://pool-vllm.ml.svc:8000"]), "{engine}");
+    engine["urls"] = json!(urls);
     let (_worker, worker) = rollout_worker_on(&dir, &model, engine, &retriever_url);
 
     let mut config = capitals_train_config(&dir, &dir.join("out"), &[&worker], STEPS);

@@ -26,12 +26,18 @@ pub enum EngineConfig {
     },
     /// SGLang servers (`/generate`); several URLs are balanced client-side.
     Sglang {
+        /// The servers; left empty in a RolloutPool that runs them (`inference`), whose Service
+        /// the operator fills in.
+        #[serde(default)]
         urls: Vec<String>,
         #[serde(default = "default_timeout")]
         timeout_secs: f64,
     },
     /// vLLM OpenAI-compatible servers (`/v1/completions`); several URLs are balanced client-side.
     Vllm {
+        /// The servers; left empty in a RolloutPool that runs them (`inference`), whose Service
+        /// the operator fills in.
+        #[serde(default)]
         urls: Vec<String>,
         /// The served model name.
         model: String,

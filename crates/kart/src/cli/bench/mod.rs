@@ -7,9 +7,11 @@ mod encoder;
 mod model;
 mod retriever;
 mod rollout;
+mod server;
 mod shape;
 mod sync;
 mod train;
+mod vllm;
 
 use super::parse_device;
 use kart_core::config::memory::Precision;

@@ -15,16 +15,21 @@
 //!   through [`token_logprobs`], the anchor through `log_softmax` and `gather` over the logits. The
 //!   mean of the timed steps, after a warm-up step, is reported.
 //!
+//! - With `--vllm PYTHON`, generation also on vLLM serving the same folder (a second anchor,
+//!   [`super::vllm`]): the engine users would otherwise run, at batch 1 and 32, no target.
+//!
 //! The anchor stays up for the whole run and the two sides take turns, each timed run of one
 //! followed by one of the other, so that a change in the machine's load affects both alike. Both
 //! sides also report their greedy tokens and their loss: the table comes with a check that they
 //! computed the same thing.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use super::anchor::{Anchor, AnchorArgs, Row, check_python, median, take_turns};
 use super::shape::Shape;
+use super::vllm::VllmAnchor;
 use super::{parse_device, parse_precision};
 use anyhow::Context;
 use kart_core::config::memory::Precision;
@@ -72,6 +77,10 @@ pub struct Args {
     /// The model (random weights) [--quick: a 0.2M-parameter one].
     #[arg(long, value_enum, default_value_t = Shape::Bench)]
     shape: Shape,
+    /// The Python of a vLLM installation (`.venv-vllm/bin/python`, which `scripts/vllm/setup.sh`
+    /// makes): also times generation on vLLM serving the same model.
+    #[arg(long, value_name = "PYTHON")]
+    vllm: Option<PathBuf>,
     #[command(flatten)]
     anchor: AnchorArgs,
 }
@@ -103,15 +112,16 @@ impl Workload {
         tokenizer_vocab: 2048,
     };
 
-    /// `--quick`: the same measurements on a 0.2M-parameter model and a small workload.
+    /// `--quick`: the same measurements on a 0.2M-parameter model and a small workload (heads
+    /// of 32, the smallest vLLM's CPU attention takes).
     const QUICK: Workload = Workload {
         sizes: QwenSizes {
             vocab_size: 2048,
             hidden_size: 64,
             intermediate_size: 192,
             num_hidden_layers: 2,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
+            num_attention_heads: 2,
+            num_key_value_heads: 1,
             max_position_embeddings: 256,
             tie_word_embeddings: true,
             initializer_range: 0.02,
@@ -175,6 +185,28 @@ struct Report {
     identical_greedy: Vec<(usize, usize)>,
     loss: Losses,
     logits: LogitsGap,
+    /// Generation against vLLM, with `--vllm`.
+    vllm: Option<AgainstVllm>,
+}
+
+/// kart's generation against vLLM's on the same model.
+#[derive(Debug, Serialize)]
+struct AgainstVllm {
+    version: String,
+    rows: Vec<VllmRow>,
+}
+
+/// One batch size of [`AgainstVllm`].
+#[derive(Debug, Serialize)]
+struct VllmRow {
+    batch: usize,
+    /// Tokens per second.
+    kart: f64,
+    vllm: f64,
+    /// kart / vLLM.
+    ratio: f64,
+    /// The prompts whose greedy continuations are identical on both.
+    identical_greedy: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -202,6 +234,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let model_dir = work.path().join("model");
     let (model, tokenizer) =
         random_model(&model_dir, workload.sizes, workload.tokenizer_vocab, args.anchor.seed)?;
+    let max_len = workload.prompt_tokens + workload.new_tokens;
+    let vllm = args.vllm.as_deref().map(|python| VllmAnchor::start(python, &model_dir, dtype, max_len));
+    let vllm = vllm.transpose()?;
     let parameters = parameter_count(&model);
     // The measured model: the saved one, where and as the run asks.
     let model = match (device, kind) {
@@ -238,22 +273,41 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let mut rows = Vec::new();
     let mut identical_greedy = Vec::new();
+    let mut vllm_rows = Vec::new();
     for batch in workload.batches {
         let prompts = &prompts[..batch];
         anchor_generate(&mut anchor, prompts, workload.warmup_tokens)?;
         kart_generate(&model, &tokenizer, prompts, workload.warmup_tokens)?;
+        if let Some(vllm) = &vllm {
+            vllm.generate(prompts, workload.warmup_tokens)?;
+        }
+        // Each of kart's runs followed (or preceded) by one of transformers and one of vLLM.
         let (ours, theirs) = take_turns(
             runs,
             || kart_generate(&model, &tokenizer, prompts, workload.new_tokens),
-            || anchor_generate(&mut anchor, prompts, workload.new_tokens),
+            || {
+                let transformers = anchor_generate(&mut anchor, prompts, workload.new_tokens)?;
+                let vllm = vllm.as_ref().map(|v| v.generate(prompts, workload.new_tokens)).transpose()?;
+                anyhow::Ok((transformers, vllm))
+            },
         )?;
         let tokens = (batch * workload.new_tokens) as f64;
-        let speed = |runs: &[Generated]| tokens / median(runs.iter().map(|r| r.seconds));
+        let speed = |seconds: &mut dyn Iterator<Item = f64>| tokens / median(seconds);
+        let kart_speed = speed(&mut ours.iter().map(|r| r.seconds));
         let metric = format!("generate, batch {batch} (tokens/s)");
         let target = if batch == 1 { 1.0 } else { 1.5 };
-        rows.push(Row::at_least(metric, speed(&ours), speed(&theirs), target));
-        let (ours, theirs) = (&ours[runs - 1].tokens, &theirs[runs - 1].tokens);
-        identical_greedy.push((batch, ours.iter().zip(theirs).filter(|(a, b)| a == b).count()));
+        let transformers_speed = speed(&mut theirs.iter().map(|(t, _)| t.seconds));
+        rows.push(Row::at_least(metric, kart_speed, transformers_speed, target));
+        let same =
+            |theirs: &[Vec<u32>]| ours[runs - 1].tokens.iter().zip(theirs).filter(|(a, b)| a == b).count();
+        identical_greedy.push((batch, same(&theirs[runs - 1].0.tokens)));
+        if vllm.is_some() {
+            let vllm_runs: Vec<_> = theirs.iter().filter_map(|(_, v)| v.as_ref()).collect();
+            let vllm_speed = speed(&mut vllm_runs.iter().map(|(seconds, _)| *seconds));
+            let identical_greedy = same(&vllm_runs[runs - 1].1);
+            let ratio = kart_speed / vllm_speed;
+            vllm_rows.push(VllmRow { batch, kart: kart_speed, vllm: vllm_speed, ratio, identical_greedy });
+        }
     }
 
     let ids = Tensor::from_slice(&train_ids.concat()).view([train_ids.len() as i64, -1]).to_device(device);
@@ -280,6 +334,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         identical_greedy,
         loss: Losses { kart: ours[steps - 1].loss, anchor: theirs[steps - 1].loss },
         logits,
+        vllm: vllm.map(|v| AgainstVllm { version: v.version.clone(), rows: vllm_rows }),
     };
     print_report(&report, &workload);
     if let Some(path) = &args.anchor.json {
@@ -373,6 +428,18 @@ fn train_tokenizer(vocab_size: usize) -> anyhow::Result<Tokenizer> {
     Ok(Tokenizer::train_byte_level_bpe(texts, vocab_size, &SPECIAL_TOKENS, "<|im_end|>", "<|endoftext|>")?)
 }
 
+/// The benchmark's request: greedy, exactly `new_tokens` tokens after `prompt`.
+pub(super) fn greedy(prompt: &[u32], new_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        input_ids: prompt.to_vec(),
+        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+        max_new_tokens: new_tokens,
+        stop: Vec::new(),
+        stop_token_ids: Vec::new(),
+        ignore_eos: true,
+    }
+}
+
 /// kart's greedy generation of exactly `new_tokens` tokens after each prompt, all in one batch.
 fn kart_generate(
     model: &CausalLm,
@@ -380,17 +447,7 @@ fn kart_generate(
     prompts: &[Vec<u32>],
     new_tokens: usize,
 ) -> anyhow::Result<Generated> {
-    let requests = prompts
-        .iter()
-        .map(|prompt| GenerationRequest {
-            input_ids: prompt.clone(),
-            sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
-            max_new_tokens: new_tokens,
-            stop: Vec::new(),
-            stop_token_ids: Vec::new(),
-            ignore_eos: true,
-        })
-        .collect();
+    let requests = prompts.iter().map(|prompt| greedy(prompt, new_tokens)).collect();
     let start = Instant::now();
     let generations = generate(model, tokenizer, requests, prompts.len(), 0)?;
     let seconds = start.elapsed().as_secs_f64();
@@ -454,6 +511,22 @@ fn print_report(report: &Report, workload: &Workload) {
         println!("greedy tokens identical at batch {batch}: {same}/{batch} prompts");
     }
     println!("training loss: kart {:.6}, transformers {:.6}", report.loss.kart, report.loss.anchor);
+    if let Some(vllm) = &report.vllm {
+        println!();
+        println!("generation against vLLM {} on the same model (no target):", vllm.version);
+        println!("{:<36} {:>10} {:>13} {:>7}  identical greedy", "metric", "kart", "vLLM", "ratio");
+        for row in &vllm.rows {
+            println!(
+                "{:<36} {:>10.3} {:>13.3} {:>6.2}x  {}/{}",
+                format!("generate, batch {} (tokens/s)", row.batch),
+                row.kart,
+                row.vllm,
+                row.ratio,
+                row.identical_greedy,
+                row.batch
+            );
+        }
+    }
     let gap = &report.logits;
     println!(
         "logits of {} positions: largest absolute difference {:.3e}; most likely token the same at {:.1}%",

@@ -20,6 +20,7 @@
 
 use super::anchor::{AnchorArgs, Row, check_python, median, print_rows};
 use super::model::random_model;
+use super::server::Server;
 use anyhow::Context;
 use kart_core::config::rollout::WeightDownloadConfig;
 use kart_core::config::train::{Device, InferenceServer};
@@ -32,7 +33,7 @@ use kart_train::server::{StatusHandle, router};
 use kart_train::weights::{Published, Publisher, PullFrom, WeightStore};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode};
+use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -137,14 +138,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let broadcast_to_sglang = on_cpu || !urls.is_empty();
     for (urls, script, wanted) in [(&mut urls, &script, true), (&mut vllm_urls, &vllm_script, on_cpu)] {
         for _ in urls.len()..args.replicas as usize * wanted as usize {
-            let (server, url) = standin(&python, script, &model_dir)?;
+            let server = standin(&python, script, &model_dir)?;
+            urls.push(server.url.clone());
             servers.push(server);
-            urls.push(url);
         }
     }
     let report = tokio::runtime::Runtime::new()?.block_on(async {
-        for url in urls.iter().chain(&vllm_urls) {
-            ready(url).await?;
+        // At most five minutes each: it imports PyTorch, slow on a loaded machine.
+        for server in &mut servers {
+            server.ready(Duration::from_secs(300)).await?;
         }
         let servers = Servers { sglang: urls, broadcast_to_sglang, vllm: vllm_urls };
         measure(&args, &policy, &tokenizer, &model_dir, dir.path(), servers, repeats).await
@@ -321,39 +323,11 @@ async fn pull(
 }
 
 /// The stand-in `script` serving `model_dir` on a free port.
-fn standin(python: &Path, script: &Path, model_dir: &Path) -> anyhow::Result<(ChildGuard, String)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = Command::new(python)
-        .arg(script)
-        .arg(model_dir)
-        .arg(port.to_string())
-        .spawn()
-        .with_context(|| format!("starting {}", python.display()))?;
-    Ok((ChildGuard(child), format!("http://127.0.0.1:{port}")))
-}
-
-/// Waits (at most five minutes: it imports PyTorch, slow on a loaded machine) until the server
-/// at `url` answers `/health`.
-async fn ready(url: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let client = reqwest::Client::new();
-    loop {
-        if client.get(format!("{url}/health")).send().await.is_ok_and(|r| r.status().is_success()) {
-            return Ok(());
-        }
-        anyhow::ensure!(Instant::now() < deadline, "the server at {url} did not start within five minutes");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A child process killed when dropped.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn standin(python: &Path, script: &Path, model_dir: &Path) -> anyhow::Result<Server> {
+    let port = Server::free_port()?;
+    let mut command = Command::new(python);
+    command.arg(script).arg(model_dir).arg(port.to_string());
+    Server::spawn(&format!("the stand-in {}", script.display()), command, port)
 }
 
 fn print_report(r: &Report, args: &Args) {
