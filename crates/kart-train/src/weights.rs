@@ -385,6 +385,14 @@ mod tests {
         assert_eq!(weights_url("http://t:8002/", 4), "http://t:8002/weights/4");
     }
 
+    /// Serves `router` on a free port of 127.0.0.1 for the rest of the test: its URL.
+    async fn serve(router: axum::Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        url
+    }
+
     /// A fake SGLang server taking every `/update_weights_from_disk`; the bodies it received.
     async fn fake_sglang() -> (String, Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -394,10 +402,7 @@ mod tests {
             async { axum::Json(json!({"success": true, "message": "ok", "num_paused_requests": 0})) }
         };
         let router = axum::Router::new().route("/update_weights_from_disk", axum::routing::post(handler));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        (url, seen)
+        (serve(router).await, seen)
     }
 
     #[tokio::test]
@@ -441,10 +446,7 @@ mod tests {
             }
         };
         let router = axum::Router::new().fallback(handler);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        (url, seen)
+        (serve(router).await, seen)
     }
 
     #[tokio::test]
