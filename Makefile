@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO_FLAGS := --release --locked
 ENV := source scripts/env.sh &&
 
-.PHONY: setup build local test test-build test-run control-plane vllm fuzz-build fuzz-smoke
+.PHONY: setup build local test test-build test-run control-plane images vllm fuzz-build fuzz-smoke
 setup:
 	bash scripts/setup.sh
 
@@ -17,12 +17,12 @@ local: build
 
 # Three steps, each with work at a lower priority beside it that takes the CPU the other leaves
 # idle: set-up (downloads) and one cargo build of the binaries and the tests, with the control
-# plane's Go build and the real vLLM's set-up beside them; the tests (waiting on servers and
-# clusters a good part of the time), with the fuzz targets' build beside them; then the fuzz
-# targets.
+# plane's and its node's Go build and the real vLLM's set-up beside them; the tests (waiting on
+# servers and clusters a good part of the time), with the fuzz targets' build and kart's images
+# beside them (the real node's test waits for the images); then the fuzz targets.
 test:
 	$(MAKE) --no-print-directory -j3 test-build control-plane vllm
-	$(MAKE) --no-print-directory -j2 test-run fuzz-build
+	$(MAKE) --no-print-directory -j3 test-run fuzz-build images
 	$(MAKE) --no-print-directory fuzz-smoke
 
 # One build of the binaries and the tests together: built apart, the tests' dev-dependencies
@@ -36,9 +36,17 @@ test-build: setup
 test-run: test-build control-plane vllm
 	$(ENV) cargo test $(CARGO_FLAGS) --workspace
 
-# The control plane of the operator tests (cached outside the clone; `up` builds it too).
+# The control plane of the operator tests and its real node (cached outside the clone; `up` builds
+# it too).
 control-plane:
 	nice -n 10 bash scripts/control-plane.sh build >/dev/null
+
+# The real node's own binaries (containerd, runc, the storage provisioner) and kart's worker and
+# operator images (and the node's) from deploy/Dockerfile.*, for the real node's test (cached
+# outside the clone: scripts/control-plane.sh build-node, scripts/images.sh).
+images: test-build control-plane
+	nice -n 10 bash scripts/control-plane.sh build-node >/dev/null
+	nice -n 10 bash scripts/images.sh all >/dev/null
 
 # vLLM's CPU build in a venv of its own and the fixture models it serves (for the tests only).
 vllm: setup

@@ -5,10 +5,13 @@
 # replaced by their published releases, and etcd at the version Kubernetes pins).
 #
 #   scripts/control-plane.sh build       build the binaries once (cached, see below); print their folder
-#   scripts/control-plane.sh up DIR [--etcd-in-memory]
+#   scripts/control-plane.sh build-node  the same for the real node's own (control-plane/node.sh)
+#   scripts/control-plane.sh up DIR [--etcd-in-memory] [--node kubelet|agent]
 #                                        start the control plane with its state in DIR; write
 #                                        DIR/kubeconfig (cluster admin) and wait until the API answers
-#                                        (and, with kart's node agent built, its Node is Ready)
+#                                        and its Node is Ready: a real node (`kubelet`: see
+#                                        control-plane/node.sh) or kart's node agent (`agent`, the
+#                                        default, when built)
 #   scripts/control-plane.sh down DIR    stop exactly what `up DIR` started
 #
 # The binaries are cached outside the clone, in $KART_CONTROL_PLANE_CACHE (default
@@ -25,6 +28,9 @@
 # local-path-provisioner makes them), as user kart-node-provisioner bound to Kubernetes' own
 # ClusterRole system:persistent-volume-provisioner.
 #
+# `KART_CONTROL_PLANE_OWNER` (a pid): `up` leaves a watcher that runs `down DIR` when that process
+# ends, so a test killed by a signal leaves nothing running.
+#
 # etcd keeps its data in DIR/etcd and syncs it to disk, as a cluster's does. `--etcd-in-memory`
 # (the tests) keeps it in a folder of /dev/shm (a tmpfs, removed by `down`) with etcd's
 # `--unsafe-no-fsync`: a test cluster's data need not outlive it, and an fsync on a disk busy with
@@ -39,8 +45,9 @@ cache="${KART_CONTROL_PLANE_CACHE:-$HOME/.cache/kart/control-plane}"
 node_agent="${KART_NODE_AGENT:-${CARGO_TARGET_DIR:-$here/../target}/release/kart-node}"
 version="v1.37.2"
 tools=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
-  k8s.io/kubernetes/cmd/kube-scheduler go.etcd.io/etcd/server/v3)
-binaries=(kube-apiserver kube-controller-manager kube-scheduler etcd)
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
+  go.etcd.io/etcd/server/v3 ./coredns)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy etcd coredns)
 
 die() { echo "control-plane: $*" >&2; exit 1; }
 
@@ -52,7 +59,7 @@ build() {
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=37 -X $pkg.gitTreeState=clean"
   done
-  key="$( (cat "$module/go.mod" "$module/go.sum"; echo "$ld") | sha256sum | cut -c1-16)"
+  key="$( (cat "$module/go.mod" "$module/go.sum" "$module/coredns/main.go"; echo "$ld") | sha256sum | cut -c1-16)"
   bin="$cache/$key"
   if [ ! -x "$bin/etcd" ]; then
     echo "control-plane: building Kubernetes $version and etcd into $bin (minutes, once)" >&2
@@ -84,16 +91,17 @@ start() {
   echo "$! $name" >>"$dir/pids"
 }
 
-# A kubeconfig for `user` with `token` against the API server at port `port`.
+# A kubeconfig for `user` with `token` against the API server at port `port` of `host` (default
+# loopback).
 kubeconfig() {
-  local dir="$1" port="$2" user="$3" token="$4"
+  local dir="$1" port="$2" user="$3" token="$4" host="${5:-127.0.0.1}"
   cat <<EOF
 apiVersion: v1
 kind: Config
 clusters:
 - name: kart
   cluster:
-    server: https://127.0.0.1:$port
+    server: https://$host:$port
     certificate-authority: $dir/pki/apiserver.crt
 users:
 - name: $user
@@ -105,6 +113,10 @@ contexts:
 current-context: kart
 EOF
 }
+
+# Where the API server is reached: loopback, or with a real node the host's end of its veth (the
+# address its certificate names).
+api_host=127.0.0.1
 
 # How long `up` waits for each stage on a busy machine: a deadline, never a count of tries.
 STAGE_SECONDS=600
@@ -149,8 +161,12 @@ create() {
   while :; do
     code="$(curl -sS -o "$dir/logs/create.out" -w '%{http_code}' --cacert "$dir/pki/apiserver.crt" \
       -H "Authorization: Bearer $token" -H 'Content-Type: application/json' -X POST --data "$body" \
-      "https://127.0.0.1:$port$path" 2>>"$dir/logs/create.out")" || code=000
-    case "$code" in 201|200|409) return 0 ;; esac
+      "https://$api_host:$port$path" 2>>"$dir/logs/create.out")" || code=000
+    case "$code" in
+      201|200|409) return 0 ;;
+      # An object the API server refuses is a mistake of this script's, not a transient failure.
+      400|403|404|422) fail_with_logs "$dir" "creating $path: HTTP $code: $(cat "$dir/logs/create.out")" ;;
+    esac
     [ $SECONDS -lt $deadline ] || fail_with_logs "$dir" "creating $path: HTTP $code: $(cat "$dir/logs/create.out")"
     check_alive "$dir"
     sleep 0.5
@@ -158,19 +174,25 @@ create() {
 }
 
 up() {
-  local dir="$1" etcd_in_memory="" etcd_data etcd_flags=()
-  case "${2:-}" in
-    "") ;;
-    --etcd-in-memory) etcd_in_memory=1 ;;
-    *) die "up: unknown option '$2' (--etcd-in-memory)" ;;
-  esac
+  local dir="$1" etcd_in_memory="" etcd_data etcd_flags=() node=agent
+  shift
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --etcd-in-memory) etcd_in_memory=1 ;;
+      --node) node="${2:-}"; shift
+        case "$node" in kubelet|agent) ;; *) die "up: --node '$node': one of kubelet, agent" ;; esac ;;
+      *) die "up: unknown option '$1' (--etcd-in-memory, --node kubelet|agent)" ;;
+    esac
+    shift
+  done
   [ ! -s "$dir/pids" ] || die "$dir already holds a running control plane (down it first)"
   bin="$(build)"
   mkdir -p "$dir/logs" "$dir/pki"
   dir="$(cd "$dir" && pwd)"
   : >"$dir/pids"
   # A failed start stops what it started.
-  trap 'down "$dir"' EXIT
+  # shellcheck disable=SC2064 # $dir as it is now: the trap may run outside this function.
+  trap "down '$dir'" EXIT
   if [ -n "$etcd_in_memory" ]; then
     [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] || die "--etcd-in-memory: /dev/shm is not a tmpfs"
     etcd_data="$(mktemp -d /dev/shm/kart-etcd.XXXXXX)"
@@ -183,16 +205,40 @@ up() {
   command -v openssl >/dev/null || die "openssl is required (service account keys)"
   [ -f "$dir/pki/sa.key" ] || openssl genrsa -out "$dir/pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$dir/pki/sa.key" -pubout -out "$dir/pki/sa.pub" 2>/dev/null
-  local admin cm scheduler node provisioner
+  local admin cm scheduler node_token provisioner proxy coredns
   admin="$(openssl rand -hex 16)"; cm="$(openssl rand -hex 16)"; scheduler="$(openssl rand -hex 16)"
-  node="$(openssl rand -hex 16)"; provisioner="$(openssl rand -hex 16)"
+  node_token="$(openssl rand -hex 16)"; provisioner="$(openssl rand -hex 16)"
+  proxy="$(openssl rand -hex 16)"; coredns="$(openssl rand -hex 16)"
   cat >"$dir/tokens.csv" <<EOF
 $admin,kart-admin,kart-admin,"system:masters"
 $cm,system:kube-controller-manager,system:kube-controller-manager
 $scheduler,system:kube-scheduler,system:kube-scheduler
-$node,system:node:kart-node,system:node:kart-node,"system:nodes"
+$node_token,system:node:kart-node,system:node:kart-node,"system:nodes"
 $provisioner,kart-node-provisioner,kart-node-provisioner
+$proxy,system:kube-proxy,system:kube-proxy
+$coredns,system:coredns,system:coredns
 EOF
+  # The API server's address: loopback for the node agent, the host's end of the node's veth for
+  # the kubelet (which the Pods reach through the `kubernetes` Service). The kubelet's serving
+  # certificate and the API server's client certificate to it come from a CA of the cluster's.
+  local n="" api_flags=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1
+    --endpoint-reconciler-type none)
+  if [ "$node" = kubelet ]; then
+    node_build
+    n="$(node_claim)"
+    mkdir -p "$dir/node" && echo "$n" >"$dir/node/n"
+    node_network "$dir" "$n"
+    api_host="10.123.$n.1"
+    [ -f "$dir/pki/ca.key" ] || openssl req -x509 -newkey rsa:2048 -nodes -keyout "$dir/pki/ca.key" \
+      -out "$dir/pki/ca.crt" -days 30 -subj /CN=kart-cluster-ca 2>/dev/null
+    node_cert "$dir" kubelet /CN=kart-node "IP:10.123.$n.2,DNS:kart-node"
+    node_cert "$dir" apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+    api_flags=(--bind-address 0.0.0.0 --advertise-address "$api_host"
+      --kubelet-client-certificate "$dir/pki/apiserver-kubelet-client.crt"
+      --kubelet-client-key "$dir/pki/apiserver-kubelet-client.key"
+      --kubelet-certificate-authority "$dir/pki/ca.crt" --kubelet-preferred-address-types InternalIP)
+  fi
+  echo "$api_host" >"$dir/api-host"
   local etcd_port peer_port api_port
   read -r etcd_port peer_port api_port <<<"${KART_CONTROL_PLANE_PORTS:-$(free_ports)}"
   [ -n "$api_port" ] || die "KART_CONTROL_PLANE_PORTS: three ports are needed, got '$KART_CONTROL_PLANE_PORTS'"
@@ -203,12 +249,12 @@ EOF
     --initial-cluster "kart=http://127.0.0.1:$peer_port" --listen-metrics-urls "" --log-level warn
 
   start "$dir" kube-apiserver --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" --cert-dir "$dir/pki" \
+    "${api_flags[@]}" --secure-port "$api_port" --cert-dir "$dir/pki" \
     --token-auth-file "$dir/tokens.csv" --authorization-mode Node,RBAC \
     --enable-admission-plugins NodeRestriction \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key" \
-    --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=false --endpoint-reconciler-type none
+    --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=false
   # The API server writes its self-signed certificate (and its CA) before it listens.
   local deadline=$((SECONDS + STAGE_SECONDS))
   until [ -s "$dir/pki/apiserver.crt" ]; do
@@ -216,19 +262,25 @@ EOF
     check_alive "$dir"
     sleep 0.2
   done
-  wait_ready "https://127.0.0.1:$api_port/readyz" "$admin" "kube-apiserver ready" "$dir"
+  wait_ready "https://$api_host:$api_port/readyz" "$admin" "kube-apiserver ready" "$dir"
 
-  kubeconfig "$dir" "$api_port" kart-admin "$admin" >"$dir/kubeconfig"
-  kubeconfig "$dir" "$api_port" system:kube-controller-manager "$cm" >"$dir/controller-manager.kubeconfig"
-  kubeconfig "$dir" "$api_port" system:kube-scheduler "$scheduler" >"$dir/scheduler.kubeconfig"
-  kubeconfig "$dir" "$api_port" system:node:kart-node "$node" >"$dir/node.kubeconfig"
-  kubeconfig "$dir" "$api_port" kart-node-provisioner "$provisioner" >"$dir/provisioner.kubeconfig"
+  kubeconfig "$dir" "$api_port" kart-admin "$admin" "$api_host" >"$dir/kubeconfig"
+  kubeconfig "$dir" "$api_port" system:kube-controller-manager "$cm" "$api_host" >"$dir/controller-manager.kubeconfig"
+  kubeconfig "$dir" "$api_port" system:kube-scheduler "$scheduler" "$api_host" >"$dir/scheduler.kubeconfig"
+  kubeconfig "$dir" "$api_port" system:node:kart-node "$node_token" "$api_host" >"$dir/node.kubeconfig"
+  kubeconfig "$dir" "$api_port" kart-node-provisioner "$provisioner" "$api_host" >"$dir/provisioner.kubeconfig"
+  kubeconfig "$dir" "$api_port" system:kube-proxy "$proxy" "$api_host" >"$dir/proxy.kubeconfig"
+  kubeconfig "$dir" "$api_port" system:coredns "$coredns" "$api_host" >"$dir/coredns.kubeconfig"
 
   # The node's storage: the default StorageClass, and its provisioner's permissions.
+  # With the kubelet, rancher's local-path-provisioner makes the volumes: it binds a claim when its
+  # first Pod is scheduled (it makes the folder on that Pod's node).
+  local provisioner_name=kart.dev/node-local binding=Immediate
+  [ "$node" = kubelet ] && provisioner_name=rancher.io/local-path binding=WaitForFirstConsumer
   create "$dir" "$api_port" "$admin" /apis/storage.k8s.io/v1/storageclasses '{"apiVersion": "storage.k8s.io/v1",
     "kind": "StorageClass", "metadata": {"name": "kart-local",
     "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-    "provisioner": "kart.dev/node-local", "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}'
+    "provisioner": "'"$provisioner_name"'", "reclaimPolicy": "Delete", "volumeBindingMode": "'"$binding"'"}'
   create "$dir" "$api_port" "$admin" /apis/rbac.authorization.k8s.io/v1/clusterrolebindings '{
     "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
     "metadata": {"name": "kart-node-provisioner"},
@@ -247,8 +299,19 @@ EOF
     --authentication-kubeconfig "$dir/scheduler.kubeconfig" --authorization-kubeconfig "$dir/scheduler.kubeconfig" \
     --leader-elect=false --secure-port 0
 
+  if [ "$node" = kubelet ]; then
+    # CoreDNS reads Services, EndpointSlices, Pods and Namespaces (as CoreDNS's own manifests grant).
+    create "$dir" "$api_port" "$admin" /apis/rbac.authorization.k8s.io/v1/clusterroles '{
+      "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "system:coredns"},
+      "rules": [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]}'
+    create "$dir" "$api_port" "$admin" /apis/rbac.authorization.k8s.io/v1/clusterrolebindings '{
+      "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "system:coredns"},
+      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
+      "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:coredns"}]}'
+    node_up "$dir" "$n" "$api_port" "$admin"
   # kart's node agent, when built: Node `kart-node`, running its Pods as local processes.
-  if [ -x "$node_agent" ]; then
+  elif [ -x "$node_agent" ]; then
     mkdir -p "$dir/node"
     bin="$(dirname "$node_agent")" start "$dir" kart-node --kubeconfig "$dir/node.kubeconfig" \
       --provisioner-kubeconfig "$dir/provisioner.kubeconfig" --dir "$dir/node"
@@ -258,19 +321,33 @@ EOF
 
   # Ready when the controller manager has made the default namespace's service account (and the
   # node agent's Node reports Ready).
-  wait_ready "https://127.0.0.1:$api_port/api/v1/namespaces/default/serviceaccounts/default" "$admin" \
+  wait_ready "https://$api_host:$api_port/api/v1/namespaces/default/serviceaccounts/default" "$admin" \
     "kube-controller-manager (the default service account)" "$dir"
-  if [ -x "$node_agent" ]; then
-    wait_ready "https://127.0.0.1:$api_port/api/v1/nodes/kart-node" "$admin" "kart-node (its Node Ready)" "$dir" \
+  if [ "$node" = kubelet ]; then
+    node_ready "$dir" "$n" "$api_port" "$admin"
+  elif [ -x "$node_agent" ]; then
+    wait_ready "https://$api_host:$api_port/api/v1/nodes/kart-node" "$admin" "kart-node (its Node Ready)" "$dir" \
       '"type":"Ready","status":"True"'
   fi
   trap - EXIT
+  if [ -n "${KART_CONTROL_PLANE_OWNER:-}" ]; then
+    # The owner's end, however it comes (a test killed by a signal never runs its clean-up), takes
+    # the cluster down with it.
+    setsid bash -c 'tail --pid="$1" -f /dev/null; exec bash "$2" down "$3"' watcher \
+      "$KART_CONTROL_PLANE_OWNER" "$here/control-plane.sh" "$dir" >"$dir/logs/watcher.log" 2>&1 </dev/null &
+    echo "$!" >"$dir/watcher"
+  fi
   echo "control-plane: up; export KUBECONFIG=$dir/kubeconfig" >&2
 }
 
 down() {
-  local dir="$1"
+  local dir="$1" watcher
   [ -f "$dir/pids" ] || { echo "control-plane: nothing started in $dir" >&2; return 0; }
+  # The owner's watcher, unless this is it.
+  if watcher="$(cat "$dir/watcher" 2>/dev/null)" && [ "$watcher" != $$ ]; then
+    kill -TERM -- "-$watcher" 2>/dev/null || true
+  fi
+  rm -f "$dir/watcher"
   local pids=()
   while read -r pid name; do
     kill -TERM -- "-$pid" 2>/dev/null && pids+=("$pid")
@@ -283,15 +360,23 @@ down() {
     done
   done
   : >"$dir/pids"
+  if [ -f "$dir/node/n" ]; then
+    node_down "$dir" "$(cat "$dir/node/n")"
+    rm -f "$dir/node/n"
+  fi
   if [ -f "$dir/etcd-in-memory" ]; then
     rm -rf -- "$(cat "$dir/etcd-in-memory")"
     rm -f "$dir/etcd-in-memory"
   fi
 }
 
+# shellcheck source=control-plane/node.sh
+source "$module/node.sh"
+
 case "${1:-}" in
   build) build ;;
-  up) [ -n "${2:-}" ] || die "usage: $0 up DIR [--etcd-in-memory]"; up "$2" "${3:-}" ;;
+  build-node) node_build; echo "$node_bin" ;;
+  up) [ -n "${2:-}" ] || die "usage: $0 up DIR [--etcd-in-memory] [--node kubelet|agent]"; shift; up "$@" ;;
   down) [ -n "${2:-}" ] || die "usage: $0 down DIR"; down "$2" ;;
-  *) die "usage: $0 build | up DIR [--etcd-in-memory] | down DIR" ;;
+  *) die "usage: $0 build | build-node | up DIR [--etcd-in-memory] [--node kubelet|agent] | down DIR" ;;
 esac

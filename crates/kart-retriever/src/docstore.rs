@@ -23,6 +23,7 @@
 
 use crate::RetrieverError;
 use crate::corpus::Passage;
+use crate::read_only_dir::ReadOnlyDirectory;
 use kart_core::agent::search_r1::Document;
 use kart_core::agent::search_r1::document;
 use kart_core::config::retriever::{AnnConfig, EncoderConfig, Method};
@@ -304,7 +305,10 @@ impl DocStore {
         let manifest = Manifest::read(dir)?;
         let index_error = |reason: String| RetrieverError::Index { path: dir.to_path_buf(), reason };
         let tantivy_error = |source| RetrieverError::Tantivy { path: dir.to_path_buf(), source };
-        let index = Index::open_in_dir(dir).map_err(tantivy_error)?;
+        // Read-only: a serving retriever's index volume is mounted so (tantivy's own directory
+        // would create its lock file there).
+        let directory = ReadOnlyDirectory::open(dir).map_err(tantivy_error)?;
+        let index = Index::open(directory).map_err(tantivy_error)?;
         verify_checksums(dir, &index)?;
         index.tokenizers().register(ANALYZER, english_analyzer());
         let fields = Fields::of(&index.schema()).map_err(tantivy_error)?;
@@ -509,6 +513,26 @@ pub(crate) mod tests {
             let id = store.document_at(DocAddress::new(0, doc)).unwrap().id;
             assert_eq!(id, format!("doc-{doc}"));
         }
+    }
+
+    /// Opening takes no lock and writes nothing: where tantivy's lock file cannot be made (here a
+    /// folder of its name; on a read-only volume, any file), the index still opens.
+    #[test]
+    fn an_index_opens_where_nothing_can_be_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = DocStoreWriter::create(dir.path(), true, 50_000_000).unwrap();
+        for passage in &passages(10) {
+            writer.add(passage).unwrap();
+        }
+        writer.finish(manifest(Method::Bm25)).unwrap();
+        let lock = dir.path().join(".tantivy-meta.lock");
+        let _ = std::fs::remove_file(&lock);
+        std::fs::create_dir(&lock).unwrap();
+        let before: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let store = DocStore::open(dir.path()).unwrap();
+        assert_eq!(store.len(), 10);
+        let after: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(before, after);
     }
 
     #[test]

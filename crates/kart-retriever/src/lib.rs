@@ -29,6 +29,7 @@ mod in_process;
 pub mod local_pages;
 pub mod max_score;
 pub mod online;
+mod read_only_dir;
 pub mod searcher;
 pub mod server;
 

@@ -4,9 +4,9 @@
 use super::{CONFIG_DIR, Settings};
 use crate::crd::pod::PodOverrides;
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, SecretKeySelector, Volume, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -28,6 +28,23 @@ pub fn default_pod_security_context() -> PodSecurityContext {
         fs_group: Some(IMAGE_GROUP),
         fs_group_change_policy: Some("OnRootMismatch".into()),
         ..PodSecurityContext::default()
+    }
+}
+
+/// The volume of kart containers' scratch space, an `emptyDir` at /tmp.
+pub const SCRATCH_VOLUME: &str = "tmp";
+
+/// Kart containers' security context unless overridden (`pod.securityContext` replaces it whole):
+/// the restricted Pod Security Standard, on a read-only root file system (kart writes only to its
+/// volumes, /tmp and its termination message).
+pub fn default_container_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Capabilities::default() }),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..SeccompProfile::default() }),
+        ..SecurityContext::default()
     }
 }
 
@@ -88,6 +105,20 @@ pub fn template(
     mounts.extend(overrides.volume_mounts.iter().cloned());
     let mut all_volumes = volumes;
     all_volumes.extend(overrides.volumes.iter().cloned());
+    // kart's own containers (the kart image) run restricted, on a read-only root file system with
+    // scratch space at /tmp (weights a worker downloads) unless a volume of the user's is there;
+    // another image (an SGLang or vLLM server) keeps its own defaults.
+    let kart_image = parts.image.is_none();
+    if kart_image && !mounts.iter().any(|m| m.mount_path.trim_end_matches('/') == "/tmp") {
+        all_volumes.push(Volume {
+            name: SCRATCH_VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+        mounts.push(mount(SCRATCH_VOLUME, "/tmp", false));
+    }
+    let security_context =
+        overrides.security_context.clone().or_else(|| kart_image.then(default_container_security_context));
     let container = Container {
         name: parts.name,
         image: Some(overrides.image.clone().or(parts.image).unwrap_or_else(|| settings.image.clone())),
@@ -109,7 +140,7 @@ pub fn template(
         env: Some(env).filter(|e| !e.is_empty()),
         volume_mounts: Some(mounts).filter(|m| !m.is_empty()),
         resources: overrides.resources.clone(),
-        security_context: overrides.security_context.clone(),
+        security_context,
         readiness_probe: readiness,
         liveness_probe: liveness,
         ..Container::default()
@@ -221,11 +252,58 @@ pub fn token_env(pool: &str) -> EnvVar {
 mod tests {
     use super::*;
 
-    fn pod_security(overrides: &PodOverrides) -> Option<PodSecurityContext> {
-        let parts = ContainerParts { name: "main".into(), ..ContainerParts::default() };
+    /// The pod spec of one container `parts` with `overrides`.
+    fn spec(overrides: &PodOverrides, parts: ContainerParts) -> PodSpec {
         let pod =
             template(&Settings::default(), overrides, BTreeMap::new(), BTreeMap::new(), parts, vec![], None);
-        pod.spec.unwrap().security_context
+        pod.spec.unwrap()
+    }
+
+    /// A kart container's parts (the kart image).
+    fn kart() -> ContainerParts {
+        ContainerParts { name: "main".into(), ..ContainerParts::default() }
+    }
+
+    fn pod_security(overrides: &PodOverrides) -> Option<PodSecurityContext> {
+        spec(overrides, kart()).security_context
+    }
+
+    fn container_security(overrides: &PodOverrides) -> Option<SecurityContext> {
+        spec(overrides, kart()).containers[0].security_context.clone()
+    }
+
+    #[test]
+    fn kart_containers_are_restricted_with_scratch_space_unless_overridden() {
+        let pod = spec(&PodOverrides::default(), kart());
+        let scratch =
+            pod.containers[0].volume_mounts.iter().flatten().find(|m| m.mount_path == "/tmp").unwrap();
+        let volume = pod.volumes.iter().flatten().find(|v| v.name == scratch.name).unwrap();
+        assert!(volume.empty_dir.is_some(), "{volume:?}");
+
+        let server = ContainerParts {
+            name: "vllm".into(),
+            image: Some("vllm/vllm-openai".into()),
+            ..ContainerParts::default()
+        };
+        let pod = spec(&PodOverrides::default(), server);
+        assert_eq!(pod.containers[0].security_context, None, "another image keeps its own defaults");
+        assert_eq!(pod.containers[0].volume_mounts, None);
+
+        let default = container_security(&PodOverrides::default()).unwrap();
+        assert_eq!(
+            (default.run_as_non_root, default.read_only_root_filesystem, default.allow_privilege_escalation),
+            (Some(true), Some(true), Some(false))
+        );
+        assert_eq!(default.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(default.seccomp_profile.unwrap().type_, "RuntimeDefault");
+
+        let own: PodOverrides = serde_json::from_value(serde_json::json!({
+            "securityContext": {"seccompProfile": {"type": "Unconfined"}}
+        }))
+        .unwrap();
+        let own = container_security(&own).unwrap();
+        assert_eq!(own.seccomp_profile.unwrap().type_, "Unconfined");
+        assert_eq!(own.read_only_root_filesystem, None, "an override replaces the default whole");
     }
 
     #[test]

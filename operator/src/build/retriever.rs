@@ -310,7 +310,10 @@ mod tests {
         assert_eq!(timeouts, [Some(5), Some(10)]);
         let mounts: Vec<_> =
             container.volume_mounts.iter().flatten().map(|m| (m.mount_path.as_str(), m.read_only)).collect();
-        assert_eq!(mounts, [("/etc/kart", Some(true)), (INDEX_DIR, Some(true)), ("/data", None)]);
+        assert_eq!(
+            mounts,
+            [("/etc/kart", Some(true)), (INDEX_DIR, Some(true)), ("/data", None), ("/tmp", None)]
+        );
         let config_volume = pod.volumes.as_ref().unwrap()[0].config_map.as_ref().unwrap();
         assert_eq!(config_volume.name, "wiki-retriever");
         let s = c.service.spec.as_ref().unwrap();

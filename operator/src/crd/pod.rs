@@ -44,7 +44,9 @@ pub struct PodOverrides {
     /// Where the extra volumes are mounted in the container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<VolumeMount>,
-    /// The container's security context.
+    /// The container's security context, replacing the operator's (the restricted profile:
+    /// non-root, a read-only root file system, no privilege escalation, no capabilities, the
+    /// runtime's default seccomp profile).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SecurityContext>,
     /// The pods' security context, replacing the operator's (`fsGroup` 65532, the kart image's

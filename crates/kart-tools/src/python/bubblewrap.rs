@@ -20,6 +20,29 @@ pub(super) const SCRATCH: &str = "/tmp";
 /// The first descriptor number the filters are given to bubblewrap at.
 pub(super) const FIRST_FILTER_FD: libc::c_int = 3;
 
+/// What bubblewrap writes to the kernel's file systems, which a container runtime may forbid: a
+/// `/proc` of the sandbox's own (refused where the runtime masks parts of its `/proc`), and the
+/// sandbox's user-namespace limit set to 0 (`--disable-userns`, which writes
+/// `/proc/sys/user/max_user_namespaces`: refused where `/proc/sys` is read-only, as in every
+/// container). Without the limit, the syscall filter still refuses every new namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct KernelMounts {
+    /// A `/proc` of the sandbox's own.
+    pub proc: bool,
+    /// `--disable-userns`.
+    pub userns_limit: bool,
+}
+
+impl KernelMounts {
+    /// Everything, then what a runtime is likelier to allow, in the order they are tried.
+    pub(super) const FALLBACKS: [KernelMounts; 4] = [
+        KernelMounts { proc: true, userns_limit: true },
+        KernelMounts { proc: false, userns_limit: true },
+        KernelMounts { proc: true, userns_limit: false },
+        KernelMounts { proc: false, userns_limit: false },
+    ];
+}
+
 /// The fixed part of the command line and the filter programs.
 #[derive(Debug)]
 pub(super) struct Bubblewrap {
@@ -29,12 +52,12 @@ pub(super) struct Bubblewrap {
 }
 
 impl Bubblewrap {
-    /// The command line for `config` with `env` as the code's whole environment, with or without
-    /// a `/proc` of the sandbox's own.
+    /// The command line for `config` with `env` as the code's whole environment, with what the
+    /// machine allows of `mounts`.
     pub(super) fn new(
         config: &SandboxConfig,
         env: &[(&'static str, OsString)],
-        proc: bool,
+        mounts: KernelMounts,
     ) -> Result<Self, SandboxError> {
         let filters = syscalls::programs().map_err(|error| SandboxError::Config {
             field: "isolation",
@@ -44,13 +67,16 @@ impl Bubblewrap {
         let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
         let (uid, gid) = (config.run_as.uid.to_string(), config.run_as.gid.to_string());
         push(&["--unshare-all", "--unshare-user", "--uid", &uid, "--gid", &gid]);
-        push(&["--hostname", "sandbox", "--disable-userns", "--cap-drop", "ALL"]);
+        push(&["--hostname", "sandbox", "--cap-drop", "ALL"]);
+        if mounts.userns_limit {
+            push(&["--disable-userns"]);
+        }
         push(&["--die-with-parent", "--new-session"]);
         for path in &config.read_only_paths {
             view(&mut args, path);
         }
         let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
-        if proc {
+        if mounts.proc {
             push(&["--proc", "/proc"]);
         }
         let size = config.tmpfs_bytes.to_string();

@@ -59,7 +59,7 @@ mod syscalls;
 mod tests;
 mod work_dir;
 
-use bubblewrap::Bubblewrap;
+use bubblewrap::{Bubblewrap, KernelMounts};
 use capture::Capture;
 use kart_core::agent::tir::ToolOutcome;
 use limits::{Limits, ProcessGroup};
@@ -123,6 +123,9 @@ pub struct Protections {
     pub host_uid: u32,
     /// Whether the sandbox has a `/proc` of its own (bubblewrap; without one it has none).
     pub proc: bool,
+    /// Whether bubblewrap also set the sandbox's user-namespace limit to 0 (not where `/proc/sys`
+    /// is read-only, as in containers; the syscall filter refuses new namespaces either way).
+    pub userns_limit: bool,
     /// Whether `RLIMIT_NPROC` binds.
     pub process_limit: bool,
 }
@@ -133,8 +136,9 @@ impl std::fmt::Display for Protections {
             Isolation::Bubblewrap => write!(
                 f,
                 "bubblewrap: user, PID, mount, network, IPC and UTS namespaces, read-only view, private /tmp \
-                 and /dev/shm, syscall filter, {} /proc",
-                if self.proc { "own" } else { "no" }
+                 and /dev/shm, syscall filter, {} /proc, {}",
+                if self.proc { "own" } else { "no" },
+                if self.userns_limit { "user-namespace limit 0" } else { "no user-namespace limit" }
             )?,
             Isolation::None => f.write_str("no isolation (isolation: none)")?,
         }
@@ -271,29 +275,37 @@ impl PythonSandbox {
             uid: if config.isolation == Isolation::Bubblewrap { run_as.uid } else { host_uid },
             host_uid,
             proc: false,
+            userns_limit: false,
             process_limit: switch_to.is_some(),
         };
         let bubblewrap = config.isolation == Isolation::Bubblewrap;
+        let [all, fallbacks @ ..] = KernelMounts::FALLBACKS;
         let mut sandbox = PythonSandbox {
-            launch: launch(&config, true)?,
+            launch: launch(&config, all)?,
             slots: Semaphore::new(config.max_concurrent),
             config,
             limits,
-            protections: Protections { proc: bubblewrap, ..protections },
+            protections: Protections { proc: bubblewrap, userns_limit: bubblewrap, ..protections },
         };
-        if let Err(with_proc) = sandbox.probe() {
-            if !sandbox.protections.proc {
-                return Err(with_proc);
-            }
-            // Container runtimes that mask parts of their /proc forbid mounting a new one.
-            sandbox.launch = launch(&sandbox.config, false)?;
-            sandbox.protections.proc = false;
-            sandbox.probe().map_err(|_| with_proc)?;
-            tracing::warn!(
-                "python sandbox: the container runtime forbids mounting /proc; calls run without one"
-            );
+        let Err(first) = sandbox.probe() else { return Ok(sandbox) };
+        if !bubblewrap {
+            return Err(first);
         }
-        Ok(sandbox)
+        // A container runtime may forbid what bubblewrap writes to /proc: the first command line
+        // it runs wins.
+        for mounts in fallbacks {
+            sandbox.launch = launch(&sandbox.config, mounts)?;
+            if sandbox.probe().is_ok() {
+                sandbox.protections.proc = mounts.proc;
+                sandbox.protections.userns_limit = mounts.userns_limit;
+                tracing::warn!(
+                    protections = %sandbox.protections,
+                    "python sandbox: the container runtime forbids part of what bubblewrap writes to /proc (the first try: {first}); calls run without it"
+                );
+                return Ok(sandbox);
+            }
+        }
+        Err(first)
     }
 
     /// What is enforced on this machine.
@@ -408,11 +420,11 @@ impl PythonSandbox {
 }
 
 /// How calls of `config` start; with bubblewrap, with or without a `/proc` of their own.
-fn launch(config: &SandboxConfig, proc: bool) -> Result<Launch, SandboxError> {
+fn launch(config: &SandboxConfig, mounts: KernelMounts) -> Result<Launch, SandboxError> {
     Ok(match config.isolation {
         Isolation::Bubblewrap => {
             let env = child_env(config, bubblewrap::SCRATCH);
-            Launch::Bubblewrap(Bubblewrap::new(config, &env, proc)?)
+            Launch::Bubblewrap(Bubblewrap::new(config, &env, mounts)?)
         }
         Isolation::None => {
             Launch::Direct { work_root: config.work_root.clone().unwrap_or_else(std::env::temp_dir) }
