@@ -326,8 +326,16 @@ fn training_jobs_run_restart_suspend_and_go_through_the_operator_on_a_real_contr
     let resumed = log.lines().find(|l| l.contains("resuming")).unwrap_or_else(|| panic!("{log}"));
     assert!(resumed.contains(&format!("\"step\":{newest}")), "{resumed}");
     assert!(resumed.contains(&format!("step-{newest:08}")), "{resumed}");
-    let steps = steps_logged(&output);
-    assert!(steps.len() as u64 > step, "{steps:?}");
+    // The metrics record of the step the trainer reported follows its /status by a moment.
+    let steps = eventually(
+        API_SECONDS,
+        &format!("the metrics record of step {step}"),
+        || cluster.describe(),
+        || {
+            let steps = steps_logged(&output);
+            (steps.len() as u64 > step).then_some(steps)
+        },
+    );
     assert_eq!(steps, (0..steps.len() as u64).collect::<Vec<_>>(), "no step twice, none missing");
     // The operator follows the resumed trainer through its Service (the killed one, checkpointing
     // every 2 steps, never got past step newest + 2).
