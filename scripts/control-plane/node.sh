@@ -110,6 +110,7 @@ EOF
 # Claims the first free node number: its network namespace's creation is the claim.
 node_claim() {
   local n
+  [ "$(id -u)" -eq 0 ] || die "--node kubelet needs root (network namespaces, cgroups and mounts)"
   for n in $(seq 1 250); do
     if ip netns add "kart-n$n" 2>/dev/null; then echo "$n"; return 0; fi
   done
