@@ -227,7 +227,7 @@ EOF
     node_build
     n="$(node_claim)"
     mkdir -p "$dir/node" && echo "$n" >"$dir/node/n"
-    node_network "$dir" "$n"
+    node_network "$n"
     api_host="10.123.$n.1"
     [ -f "$dir/pki/ca.key" ] || openssl req -x509 -newkey rsa:2048 -nodes -keyout "$dir/pki/ca.key" \
       -out "$dir/pki/ca.crt" -days 30 -subj /CN=kart-cluster-ca 2>/dev/null

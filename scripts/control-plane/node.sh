@@ -23,6 +23,8 @@ node_tools=(github.com/containerd/containerd/v2/cmd/containerd
   github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
   github.com/containerd/containerd/v2/cmd/ctr)
 cni_bin=/usr/lib/cni
+# The GPUs the Node reports (an extended resource the scheduler plans with; no device here).
+node_gpus=4
 # The Pod sandbox's image (Kubernetes' own pause program) and the Debian base (the storage
 # provisioner's helper Pods), both built by scripts/images.sh.
 pause_image="registry.k8s.io/pause:3.10"
@@ -51,14 +53,14 @@ node_build() {
   ) 8>"$cache/node.lock"
 }
 
-# The node's images: the archives of scripts/images.sh ($KART_NODE_IMAGES, default the folder it
-# prints; the pause image and the Debian base at least, built here when missing), imported once into a containerd
-# root kept beside them (a seed, keyed on the archives), which each node's containerd starts from
+# The node's images: the archives of scripts/images.sh (in the folder it prints; the pause image
+# and the Debian base at least, built here when missing), imported once into a containerd root
+# kept beside them (a seed, keyed on the archives), which each node's containerd starts from
 # as a copy of hard links: kart's worker image unpacks to gigabytes (a hundred seconds to import),
 # and nothing in a committed layer or a blob is ever written. The databases are copied.
 node_images() {
-  local root="$1" images="${KART_NODE_IMAGES:-}" archive k seed
-  [ -n "$images" ] || images="$(bash "$here/images.sh" node)"
+  local root="$1" images archive k seed
+  images="$(bash "$here/images.sh" node)"
   local archives=("$images"/*.oci.tar)
   [ -f "$images/pause.oci.tar" ] && [ -f "$images/kart-base.oci.tar" ] \
     || die "no pause.oci.tar and kart-base.oci.tar in $images (scripts/images.sh node)"
@@ -140,7 +142,7 @@ node_cert() {
 
 # The node's network: the namespace's veth to the host, and the host's route to its Pods.
 node_network() {
-  local dir="$1" n="$2" ns="kart-n$2"
+  local n="$1" ns="kart-n$1"
   ip link add "kart-h$n" type veth peer name eth0 netns "$ns"
   ip addr add "10.123.$n.1/24" dev "kart-h$n"
   ip link set "kart-h$n" up
@@ -351,7 +353,7 @@ node_ready() {
   local deadline=$((SECONDS + STAGE_SECONDS))
   until curl -fsS -o /dev/null --cacert "$dir/pki/apiserver.crt" -H "Authorization: Bearer $admin" \
       -H 'Content-Type: application/strategic-merge-patch+json' -X PATCH \
-      --data "{\"status\": {\"capacity\": {\"nvidia.com/gpu\": \"${KART_NODE_GPUS:-4}\"}}}" \
+      --data "{\"status\": {\"capacity\": {\"nvidia.com/gpu\": \"$node_gpus\"}}}" \
       "https://$api_host:$api_port/api/v1/nodes/kart-node/status"; do
     [ $SECONDS -lt $deadline ] || fail_with_logs "$dir" "patching Node kart-node's GPUs"
     check_alive "$dir"

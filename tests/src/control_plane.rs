@@ -294,7 +294,7 @@ impl ControlPlane {
     pub fn describe(&self) -> String {
         let mut out =
             self.run_kubectl(&["get", "pods", "-A", "-o", "wide"]).unwrap_or_else(|e| e.to_string());
-        let logs = walk_files(&self.node_dir().join("pod-logs"));
+        let logs = crate::walk_files(&self.node_dir().join("pod-logs"));
         for log in logs.iter().filter(|log| log.extension().is_some_and(|e| e == "log")) {
             let text = std::fs::read_to_string(log).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(15).collect();
@@ -319,17 +319,6 @@ impl ControlPlane {
         }
         out
     }
-}
-
-/// Every file under `dir`, depth first (none when it does not exist).
-fn walk_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() { files.extend(walk_files(&path)) } else { files.push(path) }
-    }
-    files.sort();
-    files
 }
 
 impl Drop for ControlPlane {

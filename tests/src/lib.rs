@@ -269,3 +269,14 @@ pub fn steps_logged(output_dir: &Path) -> Vec<u64> {
 pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
+
+/// Every file under `dir`, depth first (none when it does not exist).
+pub fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() { files.extend(walk_files(&path)) } else { files.push(path) }
+    }
+    files.sort();
+    files
+}

@@ -14,10 +14,11 @@ use kart_operator::crd::TrainingJob;
 use kart_operator::crd::training_job::TrainingJobPhase;
 use kart_tests::control_plane::{API_SECONDS, ControlPlane, Node};
 use kart_tests::workloads::{retriever, rollout_pool, training_job};
-use kart_tests::{binary, eventually, fresh_dir, http, repo_root, sample, steps_logged, write_capitals};
+use kart_tests::{
+    binary, eventually, fresh_dir, http, repo_root, sample, steps_logged, walk_files, write_capitals,
+};
 use serde_json::Value;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::process::Command;
 
 const NAMESPACE: &str = "ml";
@@ -72,19 +73,6 @@ fn training_job_status(
     )
 }
 
-/// Every file and folder under `dir`.
-fn tree(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut all = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            all.extend(tree(&path));
-        }
-        all.push(path);
-    }
-    all
-}
-
 #[test]
 fn the_chart_and_a_training_job_run_in_containers_on_a_real_node() {
     let dir = fresh_dir("kart-real-node");
@@ -93,6 +81,8 @@ fn the_chart_and_a_training_job_run_in_containers_on_a_real_node() {
     write_capitals(&data);
     build_images();
     let cp = ControlPlane::up_with(&dir.join("control-plane"), Node::Kubelet).unwrap();
+    let node = cp.get_json(&["node", "kart-node"]).unwrap();
+    assert_eq!(node["status"]["capacity"]["nvidia.com/gpu"], "4", "the GPUs the Node reports");
 
     // 1. The chart, with two operator replicas: both run from the operator image, one leads.
     let chart = repo_root().join("charts/kart").display().to_string();
@@ -125,7 +115,7 @@ fn the_chart_and_a_training_job_run_in_containers_on_a_real_node() {
     // Its checkpoints are on a provisioned volume, written by the trainer's user.
     let output = cp.claim_folder(NAMESPACE, "search-checkpoints").unwrap();
     assert_eq!(steps_logged(&output), (0..=STEPS).collect::<Vec<_>>(), "{}", cp.describe());
-    let written: Vec<_> = tree(&output).into_iter().filter(|p| p.is_file()).collect();
+    let written = walk_files(&output);
     assert!(written.iter().any(|p| p.ends_with("model/config.json")), "{written:?}");
     for file in &written {
         assert_eq!(
