@@ -31,8 +31,8 @@ test:
 test-build: setup
 	$(ENV) cargo build $(CARGO_FLAGS) --workspace --bins --tests
 
-# The tests run kart, kart-operator and kart-node from the target folder, the control plane and
-# vLLM.
+# The tests run kart and kart-operator from the target folder (and in images of them), the control
+# plane and its node, and vLLM.
 test-run: test-build control-plane vllm
 	$(ENV) cargo test $(CARGO_FLAGS) --workspace
 

@@ -6,12 +6,13 @@
 #
 #   scripts/control-plane.sh build       build the binaries once (cached, see below); print their folder
 #   scripts/control-plane.sh build-node  the same for the real node's own (control-plane/node.sh)
-#   scripts/control-plane.sh up DIR [--etcd-in-memory] [--node kubelet|agent]
+#   scripts/control-plane.sh up DIR [--etcd-in-memory] [--node kubelet|none]
 #                                        start the control plane with its state in DIR; write
 #                                        DIR/kubeconfig (cluster admin) and wait until the API answers
-#                                        and its Node is Ready: a real node (`kubelet`: see
-#                                        control-plane/node.sh) or kart's node agent (`agent`, the
-#                                        default, when built)
+#                                        and, with a node (`kubelet`, the default: see
+#                                        control-plane/node.sh; it needs root), until its Node is
+#                                        Ready; `none` starts no node (Pods stay Pending: the API
+#                                        machinery alone, which needs no root)
 #   scripts/control-plane.sh down DIR    stop exactly what `up DIR` started
 #
 # The binaries are cached outside the clone, in $KART_CONTROL_PLANE_CACHE (default
@@ -21,12 +22,10 @@
 # with Node and RBAC, runs the default admission plugins plus NodeRestriction, and signs service
 # account tokens with a key of its own; its serving certificate is self-signed (DIR/pki).
 #
-# kart's node agent (`kart-node`, of the tests crate; $KART_NODE_AGENT, default the cargo target
-# folder's release/kart-node) registers Node `kart-node` as system:node:kart-node and runs the Pods
-# bound to it as local processes of the `kart` binaries beside it. It also provisions the volumes
-# of StorageClass `kart-local` (the default class; folders of the node, as rancher's
-# local-path-provisioner makes them), as user kart-node-provisioner bound to Kubernetes' own
-# ClusterRole system:persistent-volume-provisioner.
+# The node (`--node kubelet`) registers Node `kart-node` as system:node:kart-node; rancher's
+# local-path-provisioner provisions the volumes of StorageClass `kart-local` (the default class)
+# as user kart-node-provisioner, bound to Kubernetes' own ClusterRole
+# system:persistent-volume-provisioner.
 #
 # `KART_CONTROL_PLANE_OWNER` (a pid): `up` leaves a watcher that runs `down DIR` when that process
 # ends, so a test killed by a signal leaves nothing running.
@@ -42,7 +41,6 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 module="$here/control-plane"
 cache="${KART_CONTROL_PLANE_CACHE:-$HOME/.cache/kart/control-plane}"
-node_agent="${KART_NODE_AGENT:-${CARGO_TARGET_DIR:-$here/../target}/release/kart-node}"
 version="v1.37.2"
 tools=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
@@ -174,14 +172,14 @@ create() {
 }
 
 up() {
-  local dir="$1" etcd_in_memory="" etcd_data etcd_flags=() node=agent
+  local dir="$1" etcd_in_memory="" etcd_data etcd_flags=() node=kubelet
   shift
   while [ $# -gt 0 ]; do
     case "$1" in
       --etcd-in-memory) etcd_in_memory=1 ;;
       --node) node="${2:-}"; shift
-        case "$node" in kubelet|agent) ;; *) die "up: --node '$node': one of kubelet, agent" ;; esac ;;
-      *) die "up: unknown option '$1' (--etcd-in-memory, --node kubelet|agent)" ;;
+        case "$node" in kubelet|none) ;; *) die "up: --node '$node': one of kubelet, none" ;; esac ;;
+      *) die "up: unknown option '$1' (--etcd-in-memory, --node kubelet|none)" ;;
     esac
     shift
   done
@@ -218,7 +216,7 @@ $provisioner,kart-node-provisioner,kart-node-provisioner
 $proxy,system:kube-proxy,system:kube-proxy
 $coredns,system:coredns,system:coredns
 EOF
-  # The API server's address: loopback for the node agent, the host's end of the node's veth for
+  # The API server's address: loopback without a node, the host's end of the node's veth with
   # the kubelet (which the Pods reach through the `kubernetes` Service). The kubelet's serving
   # certificate and the API server's client certificate to it come from a CA of the cluster's.
   local n="" api_flags=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1
@@ -272,22 +270,6 @@ EOF
   kubeconfig "$dir" "$api_port" system:kube-proxy "$proxy" "$api_host" >"$dir/proxy.kubeconfig"
   kubeconfig "$dir" "$api_port" system:coredns "$coredns" "$api_host" >"$dir/coredns.kubeconfig"
 
-  # The node's storage: the default StorageClass, and its provisioner's permissions.
-  # With the kubelet, rancher's local-path-provisioner makes the volumes: it binds a claim when its
-  # first Pod is scheduled (it makes the folder on that Pod's node).
-  local provisioner_name=kart.dev/node-local binding=Immediate
-  [ "$node" = kubelet ] && provisioner_name=rancher.io/local-path binding=WaitForFirstConsumer
-  create "$dir" "$api_port" "$admin" /apis/storage.k8s.io/v1/storageclasses '{"apiVersion": "storage.k8s.io/v1",
-    "kind": "StorageClass", "metadata": {"name": "kart-local",
-    "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-    "provisioner": "'"$provisioner_name"'", "reclaimPolicy": "Delete", "volumeBindingMode": "'"$binding"'"}'
-  create "$dir" "$api_port" "$admin" /apis/rbac.authorization.k8s.io/v1/clusterrolebindings '{
-    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-    "metadata": {"name": "kart-node-provisioner"},
-    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                "name": "system:persistent-volume-provisioner"},
-    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "kart-node-provisioner"}]}'
-
   start "$dir" kube-controller-manager --kubeconfig "$dir/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$dir/controller-manager.kubeconfig" \
     --authorization-kubeconfig "$dir/controller-manager.kubeconfig" \
@@ -310,24 +292,14 @@ EOF
       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
       "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:coredns"}]}'
     node_up "$dir" "$n" "$api_port" "$admin"
-  # kart's node agent, when built: Node `kart-node`, running its Pods as local processes.
-  elif [ -x "$node_agent" ]; then
-    mkdir -p "$dir/node"
-    bin="$(dirname "$node_agent")" start "$dir" kart-node --kubeconfig "$dir/node.kubeconfig" \
-      --provisioner-kubeconfig "$dir/provisioner.kubeconfig" --dir "$dir/node"
-  else
-    echo "control-plane: no node agent at $node_agent (cargo build --release -p kart-tests --bins): Pods stay Pending" >&2
   fi
 
   # Ready when the controller manager has made the default namespace's service account (and the
-  # node agent's Node reports Ready).
+  # Node reports Ready).
   wait_ready "https://$api_host:$api_port/api/v1/namespaces/default/serviceaccounts/default" "$admin" \
     "kube-controller-manager (the default service account)" "$dir"
   if [ "$node" = kubelet ]; then
     node_ready "$dir" "$n" "$api_port" "$admin"
-  elif [ -x "$node_agent" ]; then
-    wait_ready "https://$api_host:$api_port/api/v1/nodes/kart-node" "$admin" "kart-node (its Node Ready)" "$dir" \
-      '"type":"Ready","status":"True"'
   fi
   trap - EXIT
   if [ -n "${KART_CONTROL_PLANE_OWNER:-}" ]; then
@@ -379,7 +351,7 @@ source "$module/node.sh"
 case "${1:-}" in
   build) build ;;
   build-node) node_build; echo "$node_bin" ;;
-  up) [ -n "${2:-}" ] || die "usage: $0 up DIR [--etcd-in-memory] [--node kubelet|agent]"; shift; up "$@" ;;
+  up) [ -n "${2:-}" ] || die "usage: $0 up DIR [--etcd-in-memory] [--node kubelet|none]"; shift; up "$@" ;;
   down) [ -n "${2:-}" ] || die "usage: $0 down DIR"; down "$2" ;;
-  *) die "usage: $0 build | build-node | up DIR [--etcd-in-memory] [--node kubelet|agent] | down DIR" ;;
+  *) die "usage: $0 build | build-node | up DIR [--etcd-in-memory] [--node kubelet|none] | down DIR" ;;
 esac

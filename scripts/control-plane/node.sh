@@ -292,12 +292,29 @@ EOF
 }
 
 # rancher's local-path-provisioner, outside the cluster as user kart-node-provisioner: the volumes
-# of StorageClass kart-local are folders of DIR/node/volumes, made (mode 0777) and removed by its
-# helper Pods (of the Debian base image) in namespace local-path-storage, as its own manifests
-# deploy it.
+# of StorageClasses kart-local and kart-shared are folders of DIR/node/volumes/{local,shared},
+# made (mode 0777) and removed by its helper Pods (of the Debian base image) in namespace
+# local-path-storage, as its own manifests deploy it.
 node_storage() {
   local dir="$1" api_port="$2" admin="$3" ns=local-path-storage
-  mkdir -p "$dir/node/volumes"
+  mkdir -p "$dir/node/volumes/local" "$dir/node/volumes/shared"
+  # The default StorageClass, kart-local: a claim is bound when its first Pod is scheduled (the
+  # folder is made on that Pod's node; ReadWriteOnce). kart-shared: folders of a file system every
+  # node mounts (here, the host's disk; on a cluster, NFS or CephFS), for ReadWriteMany claims.
+  # The provisioner's user may manage PersistentVolumes.
+  create "$dir" "$api_port" "$admin" /apis/storage.k8s.io/v1/storageclasses '{"apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass", "metadata": {"name": "kart-local",
+    "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+    "provisioner": "rancher.io/local-path", "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer"}'
+  create "$dir" "$api_port" "$admin" /apis/storage.k8s.io/v1/storageclasses '{"apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass", "metadata": {"name": "kart-shared"},
+    "provisioner": "rancher.io/local-path", "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer"}'
+  create "$dir" "$api_port" "$admin" /apis/rbac.authorization.k8s.io/v1/clusterrolebindings '{
+    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+    "metadata": {"name": "kart-node-provisioner"},
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                "name": "system:persistent-volume-provisioner"},
+    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "kart-node-provisioner"}]}'
   create "$dir" "$api_port" "$admin" /api/v1/namespaces '{"apiVersion": "v1", "kind": "Namespace",
     "metadata": {"name": "'"$ns"'"}}'
   create "$dir" "$api_port" "$admin" "/api/v1/namespaces/$ns/serviceaccounts" '{"apiVersion": "v1",
@@ -313,7 +330,9 @@ spec:
   - {name: helper-pod, image: "%s", imagePullPolicy: Never}
 """ % sys.argv[2]
 print(json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "local-path-config"}, "data": {
-    "config.json": json.dumps({"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [sys.argv[1]]}]}),
+    "config.json": json.dumps({"storageClassConfigs": {
+        "kart-local": {"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [sys.argv[1] + "/local"]}]},
+        "kart-shared": {"sharedFileSystemPath": sys.argv[1] + "/shared"}}}),
     "setup": "#!/bin/sh\nset -eu\nmkdir -m 0777 -p \"$VOL_DIR\"\n",
     "teardown": "#!/bin/sh\nset -eu\nrm -rf \"$VOL_DIR\"\n",
     "helperPod.yaml": helper}}))' "$dir/node/volumes" "$base_image")"

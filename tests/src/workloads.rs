@@ -1,4 +1,4 @@
-//! The fixture-model workloads of the operator's end-to-end tests: a BM25 Retriever `wiki` of the
+//! The fixture-model workloads of the real node's test: a BM25 Retriever `wiki` of the
 //! synthetic corpus ([`crate::write_capitals`]), a RolloutPool `pool` of two embedded-engine
 //! workers and TrainingJobs on the tiny Qwen2 model, each mounting the fixture models at /models
 //! and the data at /data (hostPath volumes of the node).

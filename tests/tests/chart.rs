@@ -10,7 +10,7 @@ use kart_core::config::rollout::RolloutConfig;
 use kart_core::config::train::TrainConfig;
 use kart_operator::build::training_job::render_config;
 use kart_operator::crd::TrainingJob;
-use kart_tests::control_plane::{API_SECONDS, ControlPlane};
+use kart_tests::control_plane::{API_SECONDS, ControlPlane, Node};
 use kart_tests::operator::Operator;
 use kart_tests::{Child, binary, eventually, free_port, http, python, repo_root, shared_dir, wait_ready};
 use serde_json::{Value, json};
@@ -358,7 +358,7 @@ fn start_kart(dir: &Path) -> Kart {
 /// a ResourceQuota of no ConfigMaps makes the API server refuse its config, so the error counter
 /// has a series) and a TrainingJob waiting for that Retriever.
 fn start_operator(dir: &Path) -> (Operator, ControlPlane) {
-    let cp = ControlPlane::up(&dir.join("control-plane")).unwrap();
+    let cp = ControlPlane::up(&dir.join("control-plane"), Node::Absent).unwrap();
     cp.install_crds().unwrap();
     let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}},
@@ -375,7 +375,7 @@ fn start_operator(dir: &Path) -> (Operator, ControlPlane) {
     cp.run_kubectl(&["apply", "-f", &path.display().to_string()]).unwrap();
     let args = ["--namespace", "ml", "--lease-namespace", "ml", "--status-poll-seconds", "10"];
     let operator =
-        Operator::start(&cp.kubeconfig, "kart-operator-0", &dir.join("operator.log"), &args, None).unwrap();
+        Operator::start(&cp.kubeconfig, "kart-operator-0", &dir.join("operator.log"), &args).unwrap();
     let client = http();
     let url = format!("{}/metrics", operator.url);
     eventually(API_SECONDS, "the operator's metrics of both reconcilers", String::new, || {

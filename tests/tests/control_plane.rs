@@ -1,9 +1,10 @@
-//! kart's CRDs, examples and operator against a real Kubernetes control plane
-//! (`scripts/control-plane.sh`): the API server's schema validation and CEL rules, printer
-//! columns and the scale subresource as `kubectl` shows them, and the operator's children turned
-//! into ReplicaSets and Pods by the real controllers and collected by the real garbage collector.
+//! kart's CRDs, examples and operator against a real Kubernetes control plane without a node
+//! (`scripts/control-plane.sh up --node none`): the API server's schema validation and CEL rules,
+//! printer columns and the scale subresource as `kubectl` shows them, leader election, and the
+//! operator's children turned into ReplicaSets and Pods by the real controllers and collected by
+//! the real garbage collector. The Pods stay Pending: tests/real_node.rs runs them on a real node.
 
-use kart_tests::control_plane::{API_SECONDS, ControlPlane};
+use kart_tests::control_plane::{API_SECONDS, ControlPlane, Node};
 use kart_tests::operator::Operator;
 use kart_tests::{eventually, http, repo_root};
 use std::path::Path;
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 /// Starts `kart-operator run args…` with `kubeconfig` as Pod `pod`, logging to `dir/<pod>.log`.
 fn start_operator(kubeconfig: &Path, pod: &str, dir: &Path, args: &[&str]) -> Operator {
-    Operator::start(kubeconfig, pod, &dir.join(format!("{pod}.log")), args, None).unwrap()
+    Operator::start(kubeconfig, pod, &dir.join(format!("{pod}.log")), args).unwrap()
 }
 
 /// A BM25 Retriever `wiki` and a RolloutPool `pool` of two embedded-engine workers in `namespace`.
@@ -45,36 +46,24 @@ fn pool_pods(cp: &ControlPlane, namespace: &str, pool: &str) -> usize {
     pods.lines().filter(|p| p.starts_with(&format!("pod/{pool}-"))).count()
 }
 
-/// Waits, naming `what`, until `kubectl get args…` lists nothing.
-fn until_none(cp: &ControlPlane, what: &str, args: &[&str]) {
-    let args = [&["get"], args, &["-o", "name"]].concat();
-    eventually(
-        API_SECONDS,
-        what,
-        || cp.describe(),
-        || cp.run_kubectl(&args).ok().filter(|left| left.trim().is_empty()).map(drop),
-    );
-}
-
 /// A control plane in `dir` with kart's CRDs and the namespace `namespace`.
 fn with_crds_and_namespace(dir: &Path, namespace: &str) -> ControlPlane {
-    let cp = ControlPlane::up(dir).unwrap();
+    let cp = ControlPlane::up(dir, Node::Absent).unwrap();
     cp.install_crds().unwrap();
     cp.run_kubectl(&["create", "namespace", namespace]).unwrap();
     cp
 }
 
 /// The CRDs install into a real API server; every example is admitted and reconciled (its
-/// resources given a phase, their workloads created; the node is cordoned, so the examples, which
+/// resources given a phase, their workloads created; there is no node, so the examples, which
 /// need GPUs, models or an API key, do not run); a spec that breaks a CEL rule is rejected with the
 /// rule's message, as `kubectl` shows it to a user; `kubectl get` shows the printer columns and
 /// `kubectl scale` resizes a RolloutPool through its scale subresource, down to its Deployment.
 #[test]
 fn crds_examples_cel_rules_and_subresources_on_a_real_api_server() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::up(dir.path()).unwrap();
+    let cp = ControlPlane::up(dir.path(), Node::Absent).unwrap();
     cp.install_crds().unwrap();
-    cp.run_kubectl(&["cordon", "kart-node"]).unwrap();
     let operator = start_operator(&cp.kubeconfig, "kart-operator-0", dir.path(), &[]);
 
     let examples = repo_root().join("deploy/examples");
@@ -151,7 +140,7 @@ fn crds_examples_cel_rules_and_subresources_on_a_real_api_server() {
 /// The operator, out of the cluster with the admin's kubeconfig, reconciles a RolloutPool: the
 /// API server accepts every child it applies, the real Deployment and ReplicaSet controllers make
 /// the Pods, and deleting the pool lets the real garbage collector remove every child through
-/// their owner references (the node agent confirming the Pods' deletion). The operator serves its
+/// their owner references (the Pods, bound to no node, go at once). The operator serves its
 /// health, readiness and metrics, holds its Lease, and on SIGTERM exits cleanly, releasing it.
 #[test]
 fn the_operator_reconciles_and_the_real_controllers_take_over() {
@@ -220,56 +209,6 @@ fn the_operator_reconciles_and_the_real_controllers_take_over() {
     let exit = operator.terminate(Duration::from_secs(120));
     assert!(exit.success(), "the operator's exit on SIGTERM: {exit}");
     assert_eq!(lease(&cp, namespace, "holderIdentity").unwrap(), "", "the Lease is released on shutdown");
-}
-
-/// kart's node agent is a Node of the real control plane: a Job of the kart image is turned into a
-/// Pod by the real Job controller, bound to Node `kart-node` by the real scheduler, run as a
-/// local process by the agent and reported `Succeeded`, and the Job completes; deleting the Job
-/// removes its Pod (the agent confirms the deletion, as a kubelet does).
-#[test]
-fn the_node_agent_runs_what_the_scheduler_binds_to_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let cp = ControlPlane::up(dir.path()).unwrap();
-    let ready = cp
-        .run_kubectl(&[
-            "get",
-            "node",
-            "kart-node",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
-        ])
-        .unwrap();
-    assert_eq!(ready, "True");
-    let job = r#"{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "version"},
-        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never",
-            "containers": [{"name": "kart", "image": "ghcr.io/kart-dev/kart:test", "args": ["--version"]}]}}}}"#;
-    let path = dir.path().join("job.json");
-    std::fs::write(&path, job).unwrap();
-    cp.run_kubectl(&["apply", "-f", &path.display().to_string()]).unwrap();
-    eventually(
-        API_SECONDS,
-        "the Job complete",
-        || std::fs::read_to_string(cp.log("kart-node")).unwrap_or_default(),
-        || {
-            let job = cp.get_json(&["job", "version"]).ok()?;
-            let conditions = job["status"]["conditions"].as_array()?.clone();
-            conditions.iter().any(|c| c["type"] == "Complete" && c["status"] == "True").then_some(())
-        },
-    );
-    let pod = cp
-        .run_kubectl(&[
-            "get",
-            "pods",
-            "-l",
-            "job-name=version",
-            "-o",
-            "jsonpath={.items[0].spec.nodeName} {.items[0].status.phase}",
-        ])
-        .unwrap();
-    assert_eq!(pod, "kart-node Succeeded");
-    cp.run_kubectl(&["delete", "job", "version", "--cascade=foreground", "--wait=false"]).unwrap();
-    until_none(&cp, "the Job removed", &["job", "version", "--ignore-not-found"]);
-    until_none(&cp, "the Job's Pod removed", &["pods", "-l", "job-name=version"]);
 
     // Dropped, the control plane stops every process it started and frees etcd's memory.
     let pids: Vec<i32> = std::fs::read_to_string(cp.dir.join("pids"))
@@ -278,7 +217,7 @@ fn the_node_agent_runs_what_the_scheduler_binds_to_it() {
         .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
         .collect();
     let etcd_data = std::fs::read_to_string(cp.dir.join("etcd-in-memory")).unwrap();
-    assert!(pids.len() >= 5 && Path::new(etcd_data.trim()).is_dir(), "{pids:?} {etcd_data}");
+    assert!(pids.len() >= 4 && Path::new(etcd_data.trim()).is_dir(), "{pids:?} {etcd_data}");
     drop(cp);
     // SAFETY: signal 0 only checks whether a process exists.
     let alive: Vec<i32> = pids.into_iter().filter(|&pid| unsafe { libc::kill(pid, 0) } == 0).collect();
@@ -331,7 +270,7 @@ fn two_operator_replicas_elect_one_leader_and_hand_over_when_it_dies() {
     assert!(transitions.parse::<u32>().unwrap() >= 1, "{transitions}");
 
     // `kubectl scale rp` resizes the workers: the scale subresource, the operator, the
-    // Deployment and ReplicaSet controllers, the scheduler and the node, all for real.
+    // Deployment and ReplicaSet controllers, all for real.
     cp.run_kubectl(&["scale", "rp", "second", "-n", namespace, "--replicas", "3"]).unwrap();
     eventually(
         API_SECONDS,
