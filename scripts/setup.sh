@@ -71,7 +71,7 @@ if ! command -v openssl >/dev/null; then
   apt_install openssl "the control plane's service account keys"
 fi
 
-# The real node of the control plane (scripts/control-plane.sh up --node kubelet) and its images
+# The real node of the control plane (scripts/control-plane.sh up) and its images
 # (scripts/images.sh).
 [ -f /usr/include/seccomp.h ] || apt_install libseccomp-dev "runc's seccomp support, built with the node"
 [ -x /usr/lib/cni/bridge ] || apt_install containernetworking-plugins "the node's CNI plugins"
