@@ -5,14 +5,20 @@ SHELL := /bin/bash
 CARGO_FLAGS := --release --locked
 ENV := source scripts/env.sh &&
 
-.PHONY: setup build local test test-build test-run control-plane images vllm fuzz-build fuzz-smoke
+.PHONY: setup setup-local build local test test-build test-run control-plane images vllm fuzz-build fuzz-smoke
 setup:
 	bash scripts/setup.sh
 
 build: setup
 	$(ENV) cargo build $(CARGO_FLAGS) --workspace --bins
 
-local: build
+# Only what `kart local` needs: the venv with PyTorch, and the `kart` binary alone. ARGS are kart
+# local's flags (ARGS=--quick for a first look in about three minutes).
+setup-local:
+	bash scripts/setup.sh --local
+
+local: setup-local
+	$(ENV) cargo build $(CARGO_FLAGS) -p kart --bin kart
 	$(ENV) "$${CARGO_TARGET_DIR:-target}/release/kart" local $(ARGS)
 
 # Three steps, each with work at a lower priority beside it that takes the CPU the other leaves

@@ -97,6 +97,7 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert!(dir.join("model/config.json").is_file() && dir.join("model/tokenizer.json").is_file());
     let png = std::fs::read(dir.join("chart.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert_trajectories_rendered(&dir, &summary, &stdout);
     let records: Vec<Value> = std::fs::read_to_string(dir.join("rl/metrics.jsonl"))
         .unwrap()
         .lines()
@@ -313,4 +314,57 @@ fn a_world_too_small_for_its_splits_is_refused_naming_the_flags() {
     assert!(stderr.contains("--persons 200") && stderr.contains("--rl-questions 600"), "{stderr}");
     assert!(stderr.contains("train_questions = 600"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One held-out question's trajectory before and after RL, rendered for reading, named in
+/// `summary.json` and in the last line printed.
+fn assert_trajectories_rendered(dir: &std::path::Path, summary: &Value, stdout: &str) {
+    let paths = summary["trajectories"].as_array().unwrap_or_else(|| panic!("{summary}"));
+    let texts: Vec<String> =
+        paths.iter().map(|p| std::fs::read_to_string(p.as_str().unwrap()).unwrap()).collect();
+    for (path, text) in paths.iter().zip(&texts) {
+        assert!(path.as_str().unwrap().starts_with(dir.to_str().unwrap()), "{path}");
+        for part in ["question: ", "gold answer: ", "reward ", "--- model ---"] {
+            assert!(text.contains(part), "{path}: no {part:?}:\n{text}");
+        }
+    }
+    assert!(texts[0].contains("before RL") && texts[1].contains("after RL"), "{texts:?}");
+    let question = |t: &str| t.lines().find(|l| l.starts_with("question: ")).map(str::to_owned);
+    assert_eq!(question(&texts[0]), question(&texts[1]), "the same question twice");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("trajectory-before-rl.txt") && last.contains("trajectory-after-rl.txt"),
+        "{stdout}"
+    );
+}
+
+/// `kart local --quick`: the whole loop on a small world and model (a first look in about three
+/// minutes), with the chart and the trajectories; the flags it sets cannot be given with it.
+#[test]
+fn quick_shows_the_whole_loop_with_its_chart_and_trajectories() {
+    let dir = std::env::temp_dir().join(format!("kart-local-quick-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let output = Command::new(binary("kart")).args(["local", "--quick", "--out"]).arg(&dir).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let settings = &summary["settings"];
+    assert_eq!(
+        (&settings["quick"], &settings["hidden"], &settings["steps"]),
+        (&json!(true), &json!(96), &json!(10))
+    );
+    let records = std::fs::read_to_string(dir.join("rl/metrics.jsonl")).unwrap().lines().count();
+    assert_eq!(records, 11, "the evaluation before RL and ten steps");
+    let png = std::fs::read(dir.join("chart.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    // The PNG's header: 1200 x 800 pixels.
+    assert_eq!((&png[16..20], &png[20..24]), (&1200u32.to_be_bytes()[..], &800u32.to_be_bytes()[..]));
+    assert!(stdout.contains("after warm start") && stdout.contains("exact match (greedy)"), "{stdout}");
+    assert_trajectories_rendered(&dir, &summary, &stdout);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let refused = Command::new(binary("kart")).args(["local", "--quick", "--hidden", "32"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("--hidden"), "{stderr}");
 }

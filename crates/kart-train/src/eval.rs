@@ -180,6 +180,9 @@ pub struct Evaluation {
     pub greedy: Report,
     /// Sampling as in training (`eval.sampled_n` trajectories per prompt), when configured.
     pub sampled: Option<Report>,
+    /// The greedy pass's trajectories, one per prompt (each naming its prompt in `prompt_id`), in
+    /// the order they finished.
+    pub greedy_trajectories: Vec<Trajectory>,
 }
 
 #[cfg(test)]

@@ -6,9 +6,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub fn bar(prefix: &'static str, total: u64, done: u64) -> ProgressBar {
     let bar = ProgressBar::new(total).with_position(done);
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} steps · {elapsed} · {msg}")
-            .expect("a valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{prefix:>12} [{bar:30}] {pos}/{len} steps · {elapsed}, ETA {eta} · {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
     );
     bar.set_prefix(prefix);
     bar

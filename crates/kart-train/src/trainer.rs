@@ -532,13 +532,13 @@ impl Trainer {
         }
         self.status.update(|s| s.phase = Phase::Evaluating);
         let argmax = SamplingParams { temperature: 0.0, top_p: 1.0, top_k: -1, seed: Some(self.config.seed) };
-        let greedy = self.score_test(1, argmax).await?;
+        let (greedy, greedy_trajectories) = self.score_test(1, argmax).await?;
         // The run's seed at every evaluation: evaluations differ by the policy, not by the draw.
         // The passes run one after the other: run concurrently, timing would decide how the
         // engine batches them together, and batch shapes can change the logits' last bits.
         let sampled = match self.config.eval.sampled_n {
             0 => None,
-            n => Some(self.score_test(n, sampling(&self.config, self.config.seed)).await?),
+            n => Some(self.score_test(n, sampling(&self.config, self.config.seed)).await?.0),
         };
         for (source, summary) in greedy.sources() {
             self.metrics.eval_exact_match.with_label_values(&[source]).set(summary.exact_match);
@@ -552,16 +552,20 @@ impl Trainer {
             s.eval_em = Some(greedy.all.exact_match);
             s.phase = Phase::Training;
         });
-        Ok(Some(Evaluation { greedy, sampled }))
+        Ok(Some(Evaluation { greedy, sampled, greedy_trajectories }))
     }
 
-    /// Rollouts of the held-out prompts, `n` per prompt, scored against their golden answers.
-    async fn score_test(&self, n: usize, sampling: SamplingParams) -> Result<Report, TrainError> {
+    /// Rollouts of the held-out prompts, `n` per prompt, scored against their golden answers;
+    /// the report and the trajectories.
+    async fn score_test(
+        &self,
+        n: usize,
+        sampling: SamplingParams,
+    ) -> Result<(Report, Vec<Trajectory>), TrainError> {
         let pool = self.collector.pool.as_ref();
         let env = &self.config.rollout.env;
         let pass = eval::Pass { n, sampling, policy_version: Some(self.version) };
-        let (report, _) = eval::score(pool, &self.tokenizer, env, &self.test, &pass, None).await?;
-        Ok(report)
+        Ok(eval::score(pool, &self.tokenizer, env, &self.test, &pass, None).await?)
     }
 
     /// Writes the policy as a Hugging Face folder (tokenizer files from the base model).

@@ -8,15 +8,17 @@ use kart::local::copy_drill::copy_drills;
 use kart::local::copy_probe::{self, CopyProbe, ProbeSet};
 use kart::local::format::AgentFormat;
 use kart::local::gold::GoldConfig;
+use kart::local::reading;
 use kart::local::warm_start::{self, Agent, WarmStart};
 use kart::local::world::{DatasetPaths, World, WorldConfig};
 use kart_core::config::train::{
-    AdvantageEstimator, AlgorithmConfig, BatchConfig, CheckpointConfig, DataConfig, Device, EvalConfig,
-    OptimConfig, RolloutSource, Sampling, TrainConfig,
+    AdvantageEstimator, AlgorithmConfig, BatchConfig, CheckpointConfig, DataConfig, DataFormat, Device,
+    EvalConfig, OptimConfig, RolloutSource, Sampling, TrainConfig,
 };
 use kart_model::{CausalLm, ModelConfig, QwenSizes, save_pretrained};
 use kart_retriever::bm25::{self, Bm25Index};
 use kart_tokenizer::{ChatTemplate, Tokenizer};
+use kart_train::data::Dataset;
 use kart_train::eval::Evaluation;
 use kart_train::record::keys;
 use kart_train::server::StatusHandle;
@@ -142,6 +144,59 @@ pub struct LocalArgs {
     /// RL in the trainer's default bf16 there).
     #[arg(long, default_value = "cpu", value_parser = super::parse_device)]
     device: Device,
+    /// A first look in about three minutes on two cores: the whole loop (world, warm start, a
+    /// few RL steps, the evaluations, the chart and the trajectories) on a smaller world and
+    /// model, without the defaults' claim that the agent learns. It sets the sizes and counts of
+    /// the world, the model, the warm start and RL, so it cannot be combined with their flags.
+    #[arg(long, conflicts_with_all = QUICK_SETS)]
+    quick: bool,
+}
+
+/// The flags `--quick` sets.
+const QUICK_SETS: [&str; 15] = [
+    "persons",
+    "rl_questions",
+    "hidden",
+    "layers",
+    "heads",
+    "vocab",
+    "warm_steps",
+    "copy_drills",
+    "probe_rounds",
+    "steps",
+    "prompts",
+    "n",
+    "eval_questions",
+    "eval_samples",
+    "dynamic_sampling",
+];
+
+impl LocalArgs {
+    /// The arguments with `--quick`'s sizes and counts in place (the others unchanged).
+    fn resolved(self) -> LocalArgs {
+        if !self.quick {
+            return self;
+        }
+        LocalArgs {
+            persons: 1000,
+            rl_questions: 200,
+            hidden: 96,
+            layers: 2,
+            heads: 2,
+            vocab: 4096,
+            warm_steps: Some(1000),
+            copy_drills: 800,
+            probe_rounds: 0,
+            steps: 10,
+            prompts: 8,
+            n: 4,
+            eval_questions: 50,
+            eval_samples: 0,
+            // A step whose groups all have equal rewards trains nothing rather than failing.
+            dynamic_sampling: false,
+            ..self
+        }
+    }
 }
 
 /// The run's settings, resolved from the arguments.
@@ -218,6 +273,8 @@ pub struct LocalSummary {
     pub model_dir: PathBuf,
     pub chart: PathBuf,
     pub metrics: PathBuf,
+    /// One held-out question's trajectory before and after RL, rendered for reading.
+    pub trajectories: Option<[PathBuf; 2]>,
 }
 
 /// The copy probe's last result, and the extra warm-start rounds it took.
@@ -233,6 +290,7 @@ pub struct ProbeOutcome {
 const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
 pub fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
+    let args = args.resolved();
     let summary = tokio::runtime::Runtime::new()?.block_on(train(args))?;
     print_table(&summary);
     Ok(ExitCode::SUCCESS)
@@ -243,6 +301,7 @@ fn print_table(s: &LocalSummary) {
     println!();
     let p = &s.copy_probe;
     let verdict = match (p.passed, p.extra_rounds) {
+        (false, _) if s.settings.quick => "not passed (--quick's model is too small to claim it)".to_string(),
         (true, 0) => "passed".to_string(),
         (true, n) => format!("passed after {n} extra warm-start round(s)"),
         (false, n) => format!(
@@ -274,6 +333,9 @@ fn print_table(s: &LocalSummary) {
         s.chart.display(),
         s.model_dir.with_file_name("summary.json").display()
     );
+    if let Some([before, after]) = &s.trajectories {
+        println!("one held-out question, before and after RL: {} {}", before.display(), after.display());
+    }
 }
 
 async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
@@ -285,7 +347,7 @@ async fn train(args: LocalArgs) -> anyhow::Result<LocalSummary> {
     let base = base_model(&config, &world.world)?;
     let warm = warm_start(&config, &world, base)?;
     let rl = reinforce(&config, &world, &warm.model_dir).await?;
-    summarise(&config, args, started, warm, rl)
+    summarise(&config, &world, args, started, warm, rl)
 }
 
 impl Config {
@@ -597,6 +659,7 @@ async fn reinforce(config: &Config, world: &WorldOnDisk, warm: &Path) -> anyhow:
 /// The run's outputs: the chart, the final model under `model/`, and `summary.json`.
 fn summarise(
     config: &Config,
+    world: &WorldOnDisk,
     settings: LocalArgs,
     started: Instant,
     warm: WarmStarted,
@@ -605,6 +668,7 @@ fn summarise(
     let RunSummary { first_eval, last_eval, model_dir, .. } = rl;
     let (first, last) =
         (first_eval.context("no evaluation before RL")?, last_eval.context("no evaluation after RL")?);
+    let trajectories = write_trajectories(config, world, &warm.model_dir, &first, &last)?;
     let metrics = config.out.join("rl").join("metrics.jsonl");
     let chart = config.out.join("chart.png");
     kart::plot::plot_metrics(&metrics, &chart)?;
@@ -634,9 +698,37 @@ fn summarise(
         model_dir: final_model,
         chart,
         metrics,
+        trajectories,
     };
     std::fs::write(config.out.join("summary.json"), serde_json::to_string_pretty(&summary)? + "\n")?;
     Ok(summary)
+}
+
+/// One held-out question's greedy trajectory before RL and after it, rendered for reading
+/// (`trajectory-before-rl.txt`, `trajectory-after-rl.txt`); `None` when no question was answered
+/// in both evaluations.
+fn write_trajectories(
+    config: &Config,
+    world: &WorldOnDisk,
+    model_dir: &Path,
+    before: &Evaluation,
+    after: &Evaluation,
+) -> anyhow::Result<Option<[PathBuf; 2]>> {
+    let tasks = Dataset::load(&world.data.test, DataFormat::Auto, false, 0)?.prompts;
+    let Some((task, b, a)) = reading::pick(&tasks, &before.greedy_trajectories, &after.greedy_trajectories)
+    else {
+        return Ok(None);
+    };
+    let tokenizer = Tokenizer::load(model_dir)?;
+    let mut paths = [config.out.join("trajectory-before-rl.txt"), config.out.join("trajectory-after-rl.txt")];
+    for (path, (title, t)) in paths.iter_mut().zip([
+        ("A held-out question before RL (the warm-started policy, greedy)", b),
+        ("The same question after RL (greedy)", a),
+    ]) {
+        std::fs::write(&path, reading::render(title, task, t, &tokenizer)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(Some(paths))
 }
 
 /// Writes one JSON line per warm-start update: its number (from 1), what it trained on

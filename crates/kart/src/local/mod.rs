@@ -11,7 +11,8 @@
 //! - [`warm_start`]: the gold trajectories tokenised as rollouts tokenise them, and the
 //!   supervised training on the drills, then on them;
 //! - [`copy_probe`]: whether the warm-started model copies values from passages it never trained
-//!   on, and the bounded extra training while it does not.
+//!   on, and the bounded extra training while it does not;
+//! - [`reading`]: held-out trajectories before and after RL, rendered for a person to read.
 
 pub mod copy_drill;
 pub mod copy_probe;
@@ -20,6 +21,7 @@ pub mod format;
 pub mod gold;
 mod names;
 mod questions;
+pub mod reading;
 mod rng;
 pub mod warm_start;
 pub mod world;
