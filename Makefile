@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO_FLAGS := --release --locked
 ENV := source scripts/env.sh &&
 
-.PHONY: setup setup-local build local test test-build test-run control-plane images vllm fuzz-build fuzz-smoke
+.PHONY: setup setup-local build local test test-build test-run control-plane images vllm mdbook fuzz-build fuzz-smoke
 setup:
 	bash scripts/setup.sh
 
@@ -27,7 +27,7 @@ local: setup-local
 # servers and clusters a good part of the time), with the fuzz targets' build and kart's images
 # beside them (the real node's test waits for the images); then the fuzz targets.
 test:
-	$(MAKE) --no-print-directory -j3 test-build control-plane vllm
+	$(MAKE) --no-print-directory -j3 test-build control-plane vllm mdbook
 	$(MAKE) --no-print-directory -j3 test-run fuzz-build images
 	$(MAKE) --no-print-directory fuzz-smoke
 
@@ -39,7 +39,7 @@ test-build: setup
 
 # The tests run kart and kart-operator from the target folder (and in images of them), the control
 # plane and its node, and vLLM.
-test-run: test-build control-plane vllm
+test-run: test-build control-plane vllm mdbook
 	$(ENV) cargo test $(CARGO_FLAGS) --workspace
 
 # The control plane of the operator tests and its real node (cached outside the clone; `up` builds
@@ -53,6 +53,14 @@ control-plane:
 images: test-build control-plane
 	nice -n 10 bash scripts/control-plane.sh build-node >/dev/null
 	nice -n 10 bash scripts/images.sh all >/dev/null
+
+# mdBook, which builds the book in docs/ for its test (tests/tests/book.rs), into ~/.cargo/bin once:
+# without its server and watcher (`mdbook build docs` writes docs/book/).
+MDBOOK_VERSION := 0.5.4
+mdbook: setup
+	@mdbook --version 2>/dev/null | grep -q "v$(MDBOOK_VERSION)" || \
+	  nice -n 10 env -u CARGO_TARGET_DIR cargo install --locked --quiet mdbook --version $(MDBOOK_VERSION) \
+	    --no-default-features --features search
 
 # vLLM's CPU build in a venv of its own and the fixture models it serves (for the tests only).
 vllm: setup

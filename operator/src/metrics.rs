@@ -1,4 +1,4 @@
-//! The operator's own metrics (every name prefixed `kart_operator_`, documented in the README's
+//! The operator's own metrics (every name prefixed `kart_operator_`, documented in the book's
 //! metrics table).
 
 use crate::crd::training_job::TrainingJobPhase;

@@ -5,6 +5,7 @@
 
 pub mod control_plane;
 pub mod operator;
+pub mod reference;
 pub mod vllm;
 pub mod workloads;
 

@@ -414,10 +414,10 @@ fn dashboards_and_alerts_use_only_metrics_kart_exports() {
     }
     let missing: Vec<_> = used.iter().filter(|(name, _)| !exported(name, &all)).collect();
     assert!(missing.is_empty(), "dashboards and alerts use metrics no kart process exports: {missing:#?}");
-    // Every retriever, rollout and operator metric of the README's table is in the scrape (the
+    // Every retriever, rollout and operator metric of the metrics table is in the scrape (the
     // traffic of start_kart reaches them all), so the check above saw every metric of those
     // processes.
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo_root().join("docs/src/reference/metrics.md")).unwrap();
     let documented =
         regex::Regex::new(r"(?m)^\| `(kart_(?:retriever|rollout|operator)_[a-z0-9_]+)`").unwrap();
     let unseen: Vec<_> = documented

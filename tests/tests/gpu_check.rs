@@ -63,7 +63,7 @@ fn the_cpu_rehearsal_runs_every_step_of_the_gpu_check() {
     assert!(results["memory"].as_array().unwrap().iter().all(|r| r["setup"]["precision"] == "bf16"));
     assert!(results["dense"]["torch_exact"]["recall"].as_f64().unwrap() >= 0.99, "{results}");
     assert!(results["local"]["after_rl"]["exact_match"].is_number(), "{results}");
-    // The tables, as the README takes them.
+    // The tables, as the book takes them.
     let markdown = std::fs::read_to_string(out.path().join("gpu-check.md")).unwrap();
     let headings = [
         "## Steps",

@@ -19,7 +19,7 @@
 //! a status lost; a suspended run stops its trainer with SIGTERM and resumes from its checkpoint;
 //! deleting a TrainingJob stops its trainer and lets the garbage collector remove every child,
 //! down to the checkpoint volume. The TIR sandbox fails in a container under `RuntimeDefault` as
-//! the README says, and runs under the fix it gives with the sandbox's escape probes contained.
+//! the book's Deploying chapter says, and runs under the fix it gives with the sandbox's escape probes contained.
 //! Taken down, the cluster leaves no process, network namespace, cgroup or mount behind.
 
 use k8s_openapi::api::core::v1::Pod;
@@ -511,7 +511,7 @@ fn the_chart_and_training_jobs_run_restart_suspend_and_go_in_containers_on_a_rea
     );
 
     // 9. The TIR sandbox in a worker container: under RuntimeDefault (which refuses the user
-    // namespace bubblewrap needs) the worker fails at start saying so, as the README promises;
+    // namespace bubblewrap needs) the worker fails at start saying so, as the book's Deploying chapter promises;
     // under the fix it gives (seccomp Unconfined, the rest of the restricted profile kept) it runs,
     // and the escape probes of kart-tools' sandbox tests, run in its container, are contained.
     cluster.apply("tir", &tir_pool(None));

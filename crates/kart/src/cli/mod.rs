@@ -35,8 +35,10 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::Command),
     Conformance(conformance::Args),
+    /// Convert another stack's run into kart's config (a verl / Search-R1 command line)
     #[command(subcommand)]
     Convert(convert::Command),
+    /// Prepare training data: Search-R1 parquet, ASearcher and TIR JSON lines, merged files
     #[command(subcommand)]
     Data(data::Command),
     Doctor(doctor::DoctorArgs),

@@ -1,4 +1,5 @@
-//! The README's metrics table documents every metric the code registers, and nothing else.
+//! The book's metrics table (docs/src/reference/metrics.md) documents every metric the code
+//! registers, and nothing else.
 
 use kart_tests::repo_root;
 use std::collections::BTreeSet;
@@ -33,14 +34,14 @@ fn visit(dir: &std::path::Path, f: &mut dyn FnMut(&str)) {
 }
 
 #[test]
-fn readme_table_matches_the_code() {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+fn the_metrics_table_matches_the_code() {
+    let readme = std::fs::read_to_string(repo_root().join("docs/src/reference/metrics.md")).unwrap();
     let documented: BTreeSet<String> =
         regex_lite(r"(?m)^\| `(kart_[a-z0-9_]+)`").captures_iter(&readme).map(|c| c[1].to_string()).collect();
     let code = registered();
     assert!(code.len() >= 15, "expected the services' metrics, found {code:?}");
     let undocumented: Vec<_> = code.difference(&documented).collect();
     let stale: Vec<_> = documented.difference(&code).collect();
-    assert!(undocumented.is_empty(), "metrics missing from the README table: {undocumented:?}");
-    assert!(stale.is_empty(), "README documents metrics the code does not register: {stale:?}");
+    assert!(undocumented.is_empty(), "metrics missing from the table: {undocumented:?}");
+    assert!(stale.is_empty(), "the table documents metrics the code does not register: {stale:?}");
 }
