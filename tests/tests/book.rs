@@ -53,16 +53,27 @@ fn target(from: &Path, link: &str) -> (PathBuf, Option<String>) {
     (file, fragment)
 }
 
+/// mdBook: on the `PATH`, else where `cargo install` (`make mdbook`) put it.
+fn mdbook() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).map(|p| p.join("mdbook")).find(|p| p.is_file()))
+        .unwrap_or_default();
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    on_path.or_else(|| cargo_home.map(|h| h.join("bin/mdbook"))).unwrap_or_else(|| "mdbook".into())
+}
+
 #[test]
 fn the_book_builds_and_every_link_resolves() {
     let out = tempfile::tempdir().unwrap();
-    let built = Command::new("mdbook")
+    let built = Command::new(mdbook())
         .arg("build")
         .arg(repo_root().join("docs"))
         .arg("--dest-dir")
         .arg(out.path())
         .output()
-        .expect("mdbook (scripts/setup.sh installs it)");
+        .expect("mdbook (`make mdbook` installs it)");
     let stderr = String::from_utf8_lossy(&built.stderr);
     assert!(built.status.success() && !stderr.contains("WARN"), "mdbook build: {stderr}");
     let pages: Vec<PathBuf> = walk_files(out.path())
