@@ -473,7 +473,7 @@ fn base_model(config: &Config, world: &World) -> anyhow::Result<BaseModel> {
         .collect();
     // Qwen2's pre-tokenizer writes " 1952" as a space and four digits, and a model this small
     // made from scratch does not learn to copy those within its warm start
-    // (docs/kart-local-experiments.md): each of the world's years with its leading space is one
+    // (docs/src/local-experiments.md): each of the world's years with its leading space is one
     // token instead, as GPT-2's pre-tokenizer made it.
     let years: Vec<String> = World::years().iter().map(|year| format!(" {year}")).collect();
     let tokenizer = Tokenizer::train_byte_level_bpe(
