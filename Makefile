@@ -55,12 +55,13 @@ images: test-build control-plane
 	nice -n 10 bash scripts/images.sh all >/dev/null
 
 # mdBook, which builds the book in docs/ for its test (tests/tests/book.rs), into ~/.cargo/bin once:
-# without its server and watcher (`mdbook build docs` writes docs/book/).
+# without its server, watcher and search index, which the test needs none of (`mdbook build docs`
+# writes docs/book/).
 MDBOOK_VERSION := 0.5.4
 mdbook: setup
 	@mdbook --version 2>/dev/null | grep -q "v$(MDBOOK_VERSION)" || \
 	  nice -n 10 env -u CARGO_TARGET_DIR cargo install --locked --quiet mdbook --version $(MDBOOK_VERSION) \
-	    --no-default-features --features search
+	    --no-default-features
 
 # vLLM's CPU build in a venv of its own and the fixture models it serves (for the tests only).
 vllm: setup

@@ -229,7 +229,6 @@ fn type_of(root: &Value, schema: &Value) -> String {
             kinds.iter().filter_map(Value::as_str).filter(|k| *k != "null").collect::<Vec<_>>().join(" or ")
         }
         _ if schema["x-kubernetes-int-or-string"] == true => "integer or string".into(),
-        _ if schema["x-kubernetes-preserve-unknown-fields"] == true => "any".into(),
         _ => "any".into(),
     }
 }

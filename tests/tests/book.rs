@@ -37,7 +37,7 @@ fn ids(html: &str) -> BTreeSet<String> {
     pattern.captures_iter(html).map(|c| c[1].to_string()).collect()
 }
 
-/// Whether `link`, in `page`, leaves the site.
+/// Whether `link` leaves the site.
 fn external(link: &str) -> bool {
     ["http://", "https://", "mailto:", "javascript:"].iter().any(|s| link.starts_with(s))
 }
