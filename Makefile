@@ -40,7 +40,7 @@ test-build: setup
 # The tests run kart and kart-operator from the target folder (and in images of them), the control
 # plane and its node, and vLLM.
 test-run: test-build control-plane vllm mdbook
-	$(ENV) cargo test $(CARGO_FLAGS) --workspace
+	$(ENV) cargo test $(CARGO_FLAGS) --workspace --no-fail-fast
 
 # The control plane of the operator tests and its real node (cached outside the clone; `up` builds
 # it too).

@@ -97,7 +97,7 @@ step train-1.5b "$KART" bench train --device "$device" "${shape15[@]}" "${quick[
 step memory "$KART" bench train --memory --precision bf16 --device "$device" "${shape05[@]}" "${quick[@]}" \
   --steps 1 --json "$work/memory.json"
 step dense "$KART" bench retriever --dense --exact-only --device "$device" "${dense[@]}" \
-  --python "$PYTHON" --anchor-script "$root/scripts/bench/retriever_anchor.py" --work "$work/dense" \
+  --python "$PYTHON" --work "$work/dense" \
   --json "$work/dense.json"
 step local "$KART" local --device "$device" --steps 2 --out "$work/local" --persons 300 --rl-questions 64 \
   --warm-steps 40 --copy-drills 20 --probe-rounds 0 --prompts 4 --n 4 --eval-questions 16 --eval-samples 0 \

@@ -11,7 +11,15 @@ use std::process::Command;
 fn the_generated_reference_pages_are_current() {
     let bless = std::env::var_os("KART_BLESS").is_some();
     let mut stale = Vec::new();
+    let root = repo_root().canonicalize().unwrap();
     for page in pages() {
+        // A page naming this checkout's folder would be stale in every other clone.
+        assert!(
+            !page.text.contains(root.to_str().unwrap()),
+            "{} names this checkout's folder {}; a default must not depend on where the repository is",
+            page.path,
+            root.display()
+        );
         let path = repo_root().join("docs/src").join(page.path);
         if bless {
             std::fs::write(&path, &page.text).unwrap();

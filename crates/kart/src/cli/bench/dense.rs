@@ -16,7 +16,7 @@
 //! on the same device, in the same kind, timed the same ways. `--exact-only` measures the exact
 //! scan and its anchor alone.
 
-use super::retriever::{Args, WorkDir, folder_size, progress_bar, run_anchor};
+use super::retriever::{AnchorScript, Args, WorkDir, folder_size, progress_bar, run_anchor};
 use anyhow::Context;
 use kart_core::config::retriever::{AnnConfig, AnnQuantization, Method};
 use kart_retriever::ann::{self, Graph};
@@ -308,19 +308,16 @@ impl AnchorFiles<'_> {
 
 /// The torch anchor of the exact scan, on the GPU when kart's scan ran on one.
 fn exact_anchor(args: &Args, files: &AnchorFiles, cuda: bool, threads: usize) -> anyhow::Result<ExactAnchor> {
-    let script = args.anchor_script.with_file_name("exact_anchor.py");
-    tracing::info!(script = %script.display(), "running the exact scan's torch anchor");
+    tracing::info!("running the exact scan's torch anchor (scripts/bench/exact_anchor.py)");
     let mut arguments = files.arguments(args, threads);
     for (flag, value) in [("--single", "100"), ("--device", if cuda { "cuda" } else { "cpu" })] {
         arguments.extend([flag.into(), value.into()]);
     }
-    run_anchor(args, &script, &arguments, &files.work.join("exact-anchor.json"))
+    run_anchor(args, AnchorScript::EXACT, &arguments, files.work, "exact-anchor.json")
 }
 
 fn anchor(args: &Args, files: &AnchorFiles, threads: usize) -> anyhow::Result<Measures> {
-    let script = args.anchor_script.with_file_name("dense_anchor.py");
-    tracing::info!(script = %script.display(), "running the faiss anchor");
-    let out = files.work.join("dense-anchor.json");
+    tracing::info!("running the faiss anchor (scripts/bench/dense_anchor.py)");
     let efs: Vec<String> = args.ann_expansion_search.iter().map(usize::to_string).collect();
     let quantization = match AnnQuantization::from(args.ann_quantization) {
         AnnQuantization::F32 => "f32",
@@ -338,7 +335,7 @@ fn anchor(args: &Args, files: &AnchorFiles, threads: usize) -> anyhow::Result<Me
     ] {
         arguments.extend([flag.into(), value.into()]);
     }
-    run_anchor(args, &script, &arguments, &out)
+    run_anchor(args, AnchorScript::FAISS, &arguments, files.work, "dense-anchor.json")
 }
 
 impl Report {

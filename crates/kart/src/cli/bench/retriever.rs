@@ -64,9 +64,6 @@ pub struct Args {
     /// Python interpreter of the anchor, with the packages of scripts/requirements.txt.
     #[arg(long, default_value = "python3")]
     pub(super) python: PathBuf,
-    /// The anchor script.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench/retriever_anchor.py"))]
-    pub(super) anchor_script: PathBuf,
     /// Also write the results to this file as JSON.
     #[arg(long)]
     pub(super) json: Option<PathBuf>,
@@ -529,7 +526,7 @@ struct Anchor {
 }
 
 fn anchor(args: &Args, corpus: &Path, queries: &Path, work: &Path) -> anyhow::Result<Anchor> {
-    tracing::info!(script = %args.anchor_script.display(), "running the bm25s anchor");
+    tracing::info!("running the bm25s anchor (scripts/bench/retriever_anchor.py)");
     let arguments = [
         "--corpus".into(),
         corpus.into(),
@@ -540,32 +537,61 @@ fn anchor(args: &Args, corpus: &Path, queries: &Path, work: &Path) -> anyhow::Re
         "--batch".into(),
         args.batch.to_string().into(),
     ];
-    run_anchor(args, &args.anchor_script, &arguments, &work.join("anchor.json"))
+    run_anchor(args, AnchorScript::BM25S, &arguments, work, "anchor.json")
 }
 
-/// Runs the anchor `script` with `arguments` and `--json out`, and reads its figures from `out`;
+/// An anchor script, built into the binary so that it runs wherever the binary does.
+#[derive(Clone, Copy)]
+pub(super) struct AnchorScript {
+    name: &'static str,
+    source: &'static str,
+}
+
+impl AnchorScript {
+    /// bm25s on the same corpus and queries.
+    pub(super) const BM25S: Self = Self {
+        name: "retriever_anchor.py",
+        source: include_str!("../../../../../scripts/bench/retriever_anchor.py"),
+    };
+    /// torch's exact scan of the dense embeddings.
+    pub(super) const EXACT: Self = Self {
+        name: "exact_anchor.py",
+        source: include_str!("../../../../../scripts/bench/exact_anchor.py"),
+    };
+    /// faiss's HNSW graph of the dense embeddings.
+    pub(super) const FAISS: Self = Self {
+        name: "dense_anchor.py",
+        source: include_str!("../../../../../scripts/bench/dense_anchor.py"),
+    };
+}
+
+/// Writes `anchor` into `work`, runs it with `arguments` and `--json work/out`, and reads its figures;
 /// a failing anchor is an error saying how to install its packages.
 pub(super) fn run_anchor<T: serde::de::DeserializeOwned>(
     args: &Args,
-    script: &Path,
+    anchor: AnchorScript,
     arguments: &[OsString],
-    out: &Path,
+    work: &Path,
+    out: &str,
 ) -> anyhow::Result<T> {
+    let script = work.join(anchor.name);
+    std::fs::write(&script, anchor.source).with_context(|| format!("writing {}", script.display()))?;
+    let out = work.join(out);
     let status = Command::new(&args.python)
-        .arg(script)
+        .arg(&script)
         .args(arguments)
         .arg("--json")
-        .arg(out)
+        .arg(&out)
         .status()
         .with_context(|| format!("starting {}", args.python.display()))?;
     if !status.success() {
         bail!(
-            "the anchor {} failed ({status}); install its packages with `bash scripts/setup.sh` \
+            "the anchor scripts/bench/{} failed ({status}); install its packages with `bash scripts/setup.sh` \
              (scripts/requirements.txt), or pass --no-anchor",
-            script.display()
+            anchor.name
         );
     }
-    let json = std::fs::read(out).with_context(|| format!("reading {}", out.display()))?;
+    let json = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
     serde_json::from_slice(&json).with_context(|| format!("parsing {}", out.display()))
 }
 
