@@ -419,8 +419,8 @@ def check_dashboard_files() -> None:
 
 
 def check_images() -> None:
-    """The worker image's PyTorch is the one tch needs (scripts/requirements.txt)."""
-    torch = re.search(r"^torch==(\S+)", (ROOT / "scripts/requirements.txt").read_text(), re.M)
+    """The worker image's PyTorch is the one tch needs (scripts/requirements-build.txt)."""
+    torch = re.search(r"^torch==(\S+)", (ROOT / "scripts/requirements-build.txt").read_text(), re.M)
     image = re.search(r"^ARG PYTORCH_VERSION=(\S+)", (ROOT / "deploy/Dockerfile.worker").read_text(), re.M)
     check(bool(torch and image) and torch[1] == image[1], f"deploy/Dockerfile.worker PyTorch {image and image[1]} != requirements {torch and torch[1]}")
     operator = (ROOT / "deploy/Dockerfile.operator").read_text()
@@ -428,21 +428,21 @@ def check_images() -> None:
 
 
 def check_readme_values(defaults: dict) -> None:
-    """Every value the README's chart table documents exists, with the documented default."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Deploying on Kubernetes", 1)
-    if not check(len(section) == 2, "README.md has no 'Deploying on Kubernetes' section"):
+    """Every value the book's chart table documents exists, with the documented default."""
+    page = (ROOT / "docs/src/deploying.md").read_text()
+    section = page.split("# Deploying on Kubernetes", 1)
+    if not check(len(section) == 2, "docs/src/deploying.md has no 'Deploying on Kubernetes' section"):
         return
     rows = re.findall(r"^\| `([a-zA-Z.]+)` \| `([^`]*)` \|", section[1], re.M)
-    check(len(rows) >= 10, f"README documents {len(rows)} chart values")
+    check(len(rows) >= 10, f"the book documents {len(rows)} chart values")
     for key, default in rows:
         value = defaults
         for part in key.split("."):
-            if not check(isinstance(value, dict) and part in value, f"README documents `{key}`, which values.yaml lacks"):
+            if not check(isinstance(value, dict) and part in value, f"the book documents `{key}`, which values.yaml lacks"):
                 break
             value = value[part]
         else:
-            check(json.dumps(value) == default or value == default, f"README: `{key}` defaults to {json.dumps(value)}, not {default}")
+            check(json.dumps(value) == default or value == default, f"the book: `{key}` defaults to {json.dumps(value)}, not {default}")
 
 
 if __name__ == "__main__":
