@@ -100,7 +100,7 @@ step dense "$KART" bench retriever --dense --exact-only --device "$device" "${de
   --python "$PYTHON" --work "$work/dense" \
   --json "$work/dense.json"
 step local "$KART" local --device "$device" --steps 2 --out "$work/local" --persons 300 --rl-questions 64 \
-  --warm-steps 40 --copy-drills 20 --probe-rounds 0 --prompts 4 --n 4 --eval-questions 16 --eval-samples 0 \
+  --warm-steps 40 --copy-drills 20 --fact-drills 10 --probe-rounds 0 --prompts 4 --n 4 --eval-questions 16 --eval-samples 0 \
   --dynamic-sampling false
 [ -f "$work/local/summary.json" ] && cp "$work/local/summary.json" "$work/local.json"
 

@@ -15,6 +15,7 @@ fn help_exposes_world_model_steps_algorithm_seed_and_output() {
         "--hidden",
         "--layers",
         "--copy-drills",
+        "--fact-drills",
         "--warm-steps",
         "--probe-rounds",
         "--dynamic-sampling",
@@ -36,7 +37,7 @@ fn small_run_writes_model_chart_metrics_and_summary() {
         Command::new(binary("kart"))
             .args(["local", "--persons", "400", "--rl-questions", "20", "--hidden", "32", "--layers", "1"])
             .args(["--vocab", "600"])
-            .args(["--copy-drills", "3", "--warm-steps", "6", "--warm-batch", "4"])
+            .args(["--copy-drills", "3", "--fact-drills", "2", "--warm-steps", "6", "--warm-batch", "4"])
             .args(["--steps", "2", "--prompts", "2", "--n", "2"])
             .args(["--eval-questions", "8", "--seed", "5"])
             // A model this small earns no reward: with dynamic sampling every group would be dropped.
@@ -56,9 +57,9 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert!(stdout.contains("after warm start") && stdout.contains("exact match (greedy)"), "{stdout}");
     assert!(stdout.contains("mean reward (sampled, T = 1)"), "{stdout}");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("9 updates (3 on copy drills)"), "{stderr}");
-    // The probe finds a model this small copying nothing: two extra rounds (a sixth of the 3
-    // drill updates, none, and a quarter of the 6 gold ones, one), then it says so plainly.
+    assert!(stderr.contains("11 updates (3 on copy drills, 2 on fact drills)"), "{stderr}");
+    // The probe finds a model this small copying nothing: two extra rounds (a sixth of the 3 and
+    // 2 drill updates, none, and a quarter of the 6 gold ones, one), then it says so plainly.
     assert!(stdout.contains("copy probe") && stdout.contains("FAILED after 2 extra"), "{stdout}");
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
@@ -74,25 +75,26 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert!(summary["seconds"].as_f64().unwrap() > 0.0);
     // The settings, defaults included, so that the run can be repeated from its summary.
     assert_eq!(summary["settings"]["copy_drills"], 3);
+    assert_eq!(summary["settings"]["fact_drills"], 2);
     assert_eq!(summary["settings"]["warm_steps"], 6);
     assert_eq!(summary["settings"]["year_guess_share"], 0.5);
     let probe = &summary["copy_probe"];
     assert_eq!((&probe["passed"], &probe["extra_rounds"]), (&json!(false), &json!(2)), "{probe}");
     assert!(probe["values"].as_u64().unwrap() > 0 && probe["copied"].as_u64().unwrap() == 0, "{probe}");
     // One loss per warm-start update, drills first, the extra rounds' last; the summary's loss is
-    // the mean of the last tenth (two of eleven).
+    // the mean of the last tenth (two of thirteen).
     let losses: Vec<Value> = std::fs::read_to_string(dir.join("warm-start.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let pools: Vec<&str> = losses.iter().map(|l| l["pool"].as_str().unwrap()).collect();
-    assert_eq!(pools, [["copy-drill"; 3].as_slice(), &["gold"; 6 + 2]].concat());
+    assert_eq!(pools, [["copy-drill"; 3].as_slice(), &["fact-drill"; 2], &["gold"; 6 + 2]].concat());
     assert_eq!(
         losses.iter().map(|l| l["update"].as_u64().unwrap()).collect::<Vec<_>>(),
-        (1..=11).collect::<Vec<_>>()
+        (1..=13).collect::<Vec<_>>()
     );
-    let last_tenth = (losses[9]["loss"].as_f64().unwrap() + losses[10]["loss"].as_f64().unwrap()) / 2.0;
+    let last_tenth = (losses[11]["loss"].as_f64().unwrap() + losses[12]["loss"].as_f64().unwrap()) / 2.0;
     assert!((summary["warm_start_loss"].as_f64().unwrap() - last_tenth).abs() < 1e-9, "{summary}");
     assert!(dir.join("model/config.json").is_file() && dir.join("model/tokenizer.json").is_file());
     let png = std::fs::read(dir.join("chart.png")).unwrap();
@@ -263,6 +265,8 @@ fn a_tools_run_trains_through_the_tools_environment() {
             "600",
             "--copy-drills",
             "3",
+            "--fact-drills",
+            "2",
             "--warm-steps",
             "6",
             "--warm-batch",

@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Args;
 use kart::local::copy_drill::copy_drills;
 use kart::local::copy_probe::{self, CopyProbe, ProbeSet};
+use kart::local::fact_drill::fact_drills;
 use kart::local::format::AgentFormat;
 use kart::local::gold::GoldConfig;
 use kart::local::reading;
@@ -85,6 +86,11 @@ pub struct LocalArgs {
     /// learns the agent's format (0: none).
     #[arg(long, default_value_t = 1500)]
     copy_drills: u64,
+    /// Updates on fact drills (passages about made-up persons and companies, then facts read
+    /// from them in the gold reasoning's words) after the copy drills: the model learns to look a
+    /// value up by its subject, not only to repeat what it read (0: none).
+    #[arg(long, default_value_t = 500)]
+    fact_drills: u64,
     /// Gold trajectories per warm-start update.
     #[arg(long, default_value_t = 8)]
     warm_batch: usize,
@@ -93,7 +99,7 @@ pub struct LocalArgs {
     warm_lr: f64,
     /// Extra warm-start rounds while the copy probe fails (values of RL questions' passages the
     /// warm start never trained on, copied teacher-forced): each round a sixth of the copy
-    /// drills and a quarter of the gold updates at half the learning rate (0: probe only).
+    /// and fact drills and a quarter of the gold updates at half the learning rate (0: probe only).
     #[arg(long, default_value_t = 2)]
     probe_rounds: u32,
     /// Share of imperfect gold trajectories (wrong query, no search, first hop only).
@@ -108,7 +114,7 @@ pub struct LocalArgs {
     #[arg(long, default_value_t = GoldConfig::default().first_hop_share)]
     first_hop_share: f64,
     /// RL steps.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 30)]
     steps: u64,
     /// Questions per RL step.
     #[arg(long, default_value_t = 8)]
@@ -153,7 +159,7 @@ pub struct LocalArgs {
 }
 
 /// The flags `--quick` sets.
-const QUICK_SETS: [&str; 15] = [
+const QUICK_SETS: [&str; 16] = [
     "persons",
     "rl_questions",
     "hidden",
@@ -162,6 +168,7 @@ const QUICK_SETS: [&str; 15] = [
     "vocab",
     "warm_steps",
     "copy_drills",
+    "fact_drills",
     "probe_rounds",
     "steps",
     "prompts",
@@ -186,6 +193,7 @@ impl LocalArgs {
             vocab: 4096,
             warm_steps: Some(1000),
             copy_drills: 800,
+            fact_drills: 200,
             probe_rounds: 0,
             steps: 10,
             prompts: 8,
@@ -381,6 +389,7 @@ impl Config {
             warm_start: WarmStart {
                 steps: args.warm_steps.unwrap_or(args.env.warm_steps()),
                 drill_steps: args.copy_drills,
+                fact_steps: args.fact_drills,
                 batch: args.warm_batch,
                 lr: args.warm_lr,
                 gold: GoldConfig {
@@ -522,7 +531,7 @@ struct WarmStarted {
     probe: ProbeOutcome,
 }
 
-/// Stage 3: copy drills, then the gold trajectories (`warm-start-model/`, `warm-start.jsonl`).
+/// Stage 3: copy drills, fact drills, then the gold trajectories (`warm-start-model/`, `warm-start.jsonl`).
 fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::Result<WarmStarted> {
     let BaseModel { dir: base_dir, config: model_config, model, tokenizer, template } = base;
     let parameters: i64 = model.named_tensors().iter().map(|(_, t)| t.numel() as i64).sum();
@@ -538,21 +547,34 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
         trajectories.len()
     );
     let ws = &config.warm_start;
-    let drills = copy_drills(&world.world, &tokenizer, ws.drill_steps as usize * ws.batch, config.seed)?;
-    let progress = kart_train::progress::bar("warm start", ws.drill_steps + ws.steps, 0);
+    // The copy and fact drills of `ws`'s updates.
+    let drills = |ws: &WarmStart, seed| -> anyhow::Result<_> {
+        Ok((
+            copy_drills(&world.world, &tokenizer, ws.drill_steps as usize * ws.batch, seed)?,
+            fact_drills(&world.world, &tokenizer, ws.fact_steps as usize * ws.batch, seed)?,
+        ))
+    };
+    let (copies, facts) = drills(ws, config.seed)?;
+    let progress = kart_train::progress::bar("warm start", ws.drill_steps + ws.fact_steps + ws.steps, 0);
     let warm_started = Instant::now();
-    let mut updates = warm_start::train(&model, &drills, &trajectories, ws, config.seed, &progress);
+    let mut updates = warm_start::train(&model, &copies, &facts, &trajectories, ws, config.seed, &progress);
     progress.finish_and_clear();
     eprintln!(
-        "warm start: {} updates ({} on copy drills) in {:.0} s, loss {:.3} per trained token at the end",
-        ws.drill_steps + ws.steps,
+        "warm start: {} updates ({} on copy drills, {} on fact drills) in {:.0} s, loss {:.3} per trained token at the end",
+        ws.drill_steps + ws.fact_steps + ws.steps,
         ws.drill_steps,
+        ws.fact_steps,
         warm_started.elapsed().as_secs_f64(),
         warm_start::end_loss(&updates)
     );
     let probe_set = ProbeSet::new(&world.world, &world.index, &agent, 3)?;
-    let round =
-        WarmStart { steps: ws.steps / 4, drill_steps: ws.drill_steps / 6, lr: ws.lr / 2.0, ..ws.clone() };
+    let round = WarmStart {
+        steps: ws.steps / 4,
+        drill_steps: ws.drill_steps / 6,
+        fact_steps: ws.fact_steps / 6,
+        lr: ws.lr / 2.0,
+        ..ws.clone()
+    };
     let (probe, extra_rounds) = copy_probe::train_until_copies(
         || {
             let probe = probe_set.measure(&model);
@@ -562,15 +584,22 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
         config.probe_rounds,
         |n| -> anyhow::Result<()> {
             eprintln!(
-                "warm start: the model does not copy yet; extra round {n} of at most {} ({} drill and {} gold updates)",
-                config.probe_rounds, round.drill_steps, round.steps
+                "warm start: the model does not copy yet; extra round {n} of at most {} ({} copy drill, {} fact drill and {} gold updates)",
+                config.probe_rounds, round.drill_steps, round.fact_steps, round.steps
             );
             let seed = config.seed.wrapping_add(u64::from(n) << 32);
-            let drills =
-                copy_drills(&world.world, &tokenizer, round.drill_steps as usize * round.batch, seed)?;
-            let progress =
-                kart_train::progress::bar("warm start, extra round", round.drill_steps + round.steps, 0);
-            updates.extend(warm_start::train(&model, &drills, &trajectories, &round, seed, &progress));
+            let (copies, facts) = drills(&round, seed)?;
+            let steps = round.drill_steps + round.fact_steps + round.steps;
+            let progress = kart_train::progress::bar("warm start, extra round", steps, 0);
+            updates.extend(warm_start::train(
+                &model,
+                &copies,
+                &facts,
+                &trajectories,
+                &round,
+                seed,
+                &progress,
+            ));
             progress.finish_and_clear();
             Ok(())
         },
@@ -632,7 +661,7 @@ async fn reinforce(config: &Config, world: &WorldOnDisk, warm: &Path) -> anyhow:
         },
         checkpoint: CheckpointConfig { every: 0, keep: 1 },
         eval: EvalConfig {
-            every: (config.rl_steps / 4).max(1),
+            every: (config.rl_steps / 3).max(1),
             max_prompts: config.eval_questions,
             sampled_n: config.eval_samples,
         },
@@ -732,7 +761,7 @@ fn write_trajectories(
 }
 
 /// Writes one JSON line per warm-start update: its number (from 1), what it trained on
-/// (`copy-drill` or `gold`) and its loss per trained token.
+/// (`copy-drill`, `fact-drill` or `gold`) and its loss per trained token.
 fn write_losses(path: &std::path::Path, updates: &[warm_start::Update]) -> anyhow::Result<()> {
     let lines: String = (1..)
         .zip(updates)

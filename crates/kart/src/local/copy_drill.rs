@@ -46,26 +46,32 @@ pub fn copy_drills(
         .collect()
 }
 
+/// A world of 400 persons and a tokenizer trained on its passages, for the drills' tests.
+#[cfg(test)]
+pub(super) fn small_world() -> (World, Tokenizer) {
+    let config = super::world::WorldConfig {
+        persons: 400,
+        cities: 30,
+        companies: 40,
+        test_questions: 20,
+        train_questions: 20,
+        ..Default::default()
+    };
+    let world = World::generate(&config).unwrap();
+    let special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+    let texts = world.passages.iter().map(|p| p.text.as_str());
+    let tokenizer =
+        Tokenizer::train_byte_level_bpe(texts, 4000, &special, "<|im_end|>", "<|endoftext|>").unwrap();
+    (world, tokenizer)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::world::WorldConfig;
 
     #[test]
     fn a_drill_is_passage_words_then_the_same_words_again() {
-        let config = WorldConfig {
-            persons: 400,
-            cities: 30,
-            companies: 40,
-            test_questions: 20,
-            train_questions: 20,
-            ..WorldConfig::default()
-        };
-        let world = World::generate(&config).unwrap();
-        let special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-        let texts = world.passages.iter().map(|p| p.text.as_str());
-        let tokenizer =
-            Tokenizer::train_byte_level_bpe(texts, 4000, &special, "<|im_end|>", "<|endoftext|>").unwrap();
+        let (world, tokenizer) = small_world();
         let words: std::collections::HashSet<&str> =
             world.passages.iter().flat_map(|p| p.text.split_whitespace()).collect();
         let drills = copy_drills(&world, &tokenizer, 6, 7).unwrap();

@@ -6,7 +6,7 @@
 //! once and states nothing a question asks, yet shares a gold query's subject words.
 
 use super::rng::Rng;
-use super::world::{Passage, World};
+use super::world::{Company, Passage, Person, World};
 use std::collections::HashSet;
 
 const EVENT_YEARS: (u32, u32) = (1950, 2019);
@@ -30,36 +30,10 @@ impl World {
             passages.push((city.name.clone(), format!("{} is a city in {}.", city.name, city.country)));
         }
         for c in &self.companies {
-            let (name, year, city) = (&c.name, c.founded, &self.cities[c.headquarters]);
-            let text = match rng.below(3) {
-                0 => format!("{name} was founded in {year} and has its headquarters in {}.", city.name),
-                1 => format!("{name} is a company founded in {year} with headquarters in {}.", city.name),
-                _ => format!(
-                    "Founded in {year}, {name} has its headquarters in {}, {}.",
-                    city.name, city.country
-                ),
-            };
-            passages.push((name.clone(), text));
+            passages.push((c.name.clone(), self.company_text(c, rng.below(3))));
         }
         for p in &self.persons {
-            let (name, year, city) = (&p.name, p.birth_year, &self.cities[p.birthplace].name);
-            let (job, company) = (with_article(p.occupation), &self.companies[p.employer].name);
-            let spouse = p.spouse.map(|s| self.persons[s].name.as_str());
-            let text = match (rng.below(3), spouse) {
-                (0, Some(s)) => format!(
-                    "{name} was born in {city} in {year}, works as {job} at {company} and is married to {s}."
-                ),
-                (0, None) => format!("{name} was born in {city} in {year} and works as {job} at {company}."),
-                (1, Some(s)) => {
-                    format!("{name} is {job} at {company}, born in {year} in {city} and married to {s}.")
-                }
-                (1, None) => format!("{name} is {job} at {company}, born in {year} in {city}."),
-                (_, Some(s)) => format!(
-                    "Born in {city} in {year}, {name} is married to {s} and works as {job} for {company}."
-                ),
-                (_, None) => format!("Born in {city} in {year}, {name} works as {job} for {company}."),
-            };
-            passages.push((name.clone(), text));
+            passages.push((p.name.clone(), self.person_text(p, rng.below(3))));
         }
         // Events naming two persons, a city, a year and a company: they share every word of a
         // gold query's subject but answer nothing about it.
@@ -88,6 +62,43 @@ impl World {
             .enumerate()
             .map(|(i, (title, text))| Passage { id: i.to_string(), title, text })
             .collect()
+    }
+
+    /// The text of `c`'s passage in template `variant` (of 3).
+    pub(super) fn company_text(&self, c: &Company, variant: usize) -> String {
+        let (name, year, city) = (&c.name, c.founded, &self.cities[c.headquarters]);
+        match variant {
+            0 => format!("{name} was founded in {year} and has its headquarters in {}.", city.name),
+            1 => format!("{name} is a company founded in {year} with headquarters in {}.", city.name),
+            _ => {
+                format!("Founded in {year}, {name} has its headquarters in {}, {}.", city.name, city.country)
+            }
+        }
+    }
+
+    /// The text of `p`'s passage in template `variant` (of 3).
+    pub(super) fn person_text(&self, p: &Person, variant: usize) -> String {
+        let (name, year, city) = (&p.name, p.birth_year, &self.cities[p.birthplace].name);
+        let (job, company) = (with_article(p.occupation), &self.companies[p.employer].name);
+        let spouse = p.spouse.map(|s| self.persons[s].name.as_str());
+        match (variant, spouse) {
+            (0, Some(s)) => {
+                format!(
+                    "{name} was born in {city} in {year}, works as {job} at {company} and is married to {s}."
+                )
+            }
+            (0, None) => format!("{name} was born in {city} in {year} and works as {job} at {company}."),
+            (1, Some(s)) => {
+                format!("{name} is {job} at {company}, born in {year} in {city} and married to {s}.")
+            }
+            (1, None) => format!("{name} is {job} at {company}, born in {year} in {city}."),
+            (_, Some(s)) => {
+                format!(
+                    "Born in {city} in {year}, {name} is married to {s} and works as {job} for {company}."
+                )
+            }
+            (_, None) => format!("Born in {city} in {year}, {name} works as {job} for {company}."),
+        }
     }
 }
 

@@ -183,7 +183,8 @@ impl World {
     }
 }
 
-fn capitalised(s: &str) -> String {
+/// `s` with its first letter upper-case.
+pub(super) fn capitalised(s: &str) -> String {
     let mut chars = s.chars();
     chars.next().map(|c| c.to_uppercase().collect::<String>() + chars.as_str()).unwrap_or_default()
 }

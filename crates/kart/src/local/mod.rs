@@ -8,6 +8,7 @@
 //! - [`format`]: how the agent calls its search tool (Search-R1's tags or function calls), and
 //!   what follows from it;
 //! - [`copy_drill`]: copy drills, the model's first lesson (copying what it has read);
+//! - [`fact_drill`]: fact drills, the second (looking a value up in passages by its subject);
 //! - [`warm_start`]: the gold trajectories tokenised as rollouts tokenise them, and the
 //!   supervised training on the drills, then on them;
 //! - [`copy_probe`]: whether the warm-started model copies values from passages it never trained
@@ -17,6 +18,7 @@
 pub mod copy_drill;
 pub mod copy_probe;
 mod corpus;
+pub mod fact_drill;
 pub mod format;
 pub mod gold;
 mod names;

@@ -1,5 +1,5 @@
-//! The supervised warm start of `kart local`: copy drills ([`super::copy_drill`]) first, then the
-//! gold trajectories of the warm-start questions, tokenised exactly as rollouts tokenise them (the
+//! The supervised warm start of `kart local`: copy drills ([`super::copy_drill`]) first, fact
+//! drills ([`super::fact_drill`]) next, then the gold trajectories of the warm-start questions, tokenised exactly as rollouts tokenise them (the
 //! prompt through the chat template, each model turn and each observation on its own), trained
 //! with cross-entropy on the model turns (but for the values imperfect turns make up) and on the
 //! observation tokens a model could copy from earlier in the trajectory (never on the prompt).
@@ -26,8 +26,10 @@ pub struct WarmStart {
     /// Optimiser updates on the gold trajectories.
     pub steps: u64,
     /// Optimiser updates on copy drills before them ([`super::copy_drill`]), one schedule over
-    /// both.
+    /// all.
     pub drill_steps: u64,
+    /// Optimiser updates on fact drills ([`super::fact_drill`]) after the copy drills.
+    pub fact_steps: u64,
     /// Trajectories per update.
     pub batch: usize,
     /// Peak learning rate (cosine schedule after 5% warm-up).
@@ -151,17 +153,22 @@ fn copy_sample(trajectory: &Trajectory) -> Sample {
     sample
 }
 
-/// Trains `model` on `drills` (each once, `config.drill_steps` updates) then on `trajectories`
-/// (cycled in a seeded order, `config.steps` updates); returns each update.
+/// Trains `model` on `drills` (each once, `config.drill_steps` updates), then on `facts` (each
+/// once, `config.fact_steps` updates), then on `trajectories` (cycled in a seeded order,
+/// `config.steps` updates); returns each update.
 pub fn train(
     model: &CausalLm,
     drills: &[Trajectory],
+    facts: &[Trajectory],
     trajectories: &[Trajectory],
     config: &WarmStart,
     seed: u64,
     bar: &ProgressBar,
 ) -> Vec<Update> {
-    let drills: Vec<Sample> = drills.iter().map(copy_sample).collect();
+    let drill_steps = if drills.is_empty() { 0 } else { config.drill_steps };
+    let fact_steps = if facts.is_empty() { 0 } else { config.fact_steps };
+    // One pool, taken in order: the copy drills' updates, then the fact drills'.
+    let drills: Vec<Sample> = drills.iter().chain(facts).map(copy_sample).collect();
     let samples: Vec<Sample> = trajectories.iter().map(copy_sample).collect();
     let optim = OptimConfig {
         lr: config.lr,
@@ -173,15 +180,11 @@ pub fn train(
     };
     let mut optimizer = AdamW::new(model.named_tensors(), optim.clone());
     let order = kart_train::data::permutation(seed, 0, samples.len());
-    let drill_steps = if drills.is_empty() { 0 } else { config.drill_steps };
-    let total = drill_steps + if samples.is_empty() { 0 } else { config.steps };
+    let total = drill_steps + fact_steps + if samples.is_empty() { 0 } else { config.steps };
     let mut updates = Vec::with_capacity(total as usize);
     for step in 0..total {
-        let (pool, rows) = update_rows(step, drill_steps, config.batch, drills.len(), &order);
-        let pooled = match pool {
-            Pool::Drills => &drills,
-            Pool::Gold => &samples,
-        };
+        let (pool, rows) = update_rows(step, [drill_steps, fact_steps], config.batch, drills.len(), &order);
+        let pooled = if pool == Pool::Gold { &samples } else { &drills };
         let mb = MicroBatch::new(pooled, &rows, model.device());
         optimizer.zero_grad();
         let (logprobs, _) = mb.logprobs(model, &mb.hidden(model), 1.0, false);
@@ -216,24 +219,29 @@ pub enum Pool {
     /// Copy drills ([`super::copy_drill`]).
     #[serde(rename = "copy-drill")]
     Drills,
+    /// Fact drills ([`super::fact_drill`]).
+    #[serde(rename = "fact-drill")]
+    Facts,
     /// Gold trajectories.
     #[serde(rename = "gold")]
     Gold,
 }
 
-/// The pool and rows of warm-start update `step`: the first `drill_steps` updates take the
-/// `drills` in order (each once when there are `drill_steps * batch` of them), the rest cycle
-/// through the gold trajectories in the seeded `order`.
+/// The pool and rows of warm-start update `step`: the first `drill_steps` updates (copy drills,
+/// then fact drills) take the `drills` in order (each once when there are as many as the updates
+/// take), the rest cycle through the gold trajectories in the seeded `order`.
 fn update_rows(
     step: u64,
-    drill_steps: u64,
+    [copy_steps, fact_steps]: [u64; 2],
     batch: usize,
     drills: usize,
     order: &[usize],
 ) -> (Pool, Vec<usize>) {
+    let drill_steps = copy_steps + fact_steps;
     if step < drill_steps {
         let start = step as usize * batch;
-        (Pool::Drills, (0..batch).map(|i| (start + i) % drills).collect())
+        let pool = if step < copy_steps { Pool::Drills } else { Pool::Facts };
+        (pool, (0..batch).map(|i| (start + i) % drills).collect())
     } else {
         let start = (step - drill_steps) as usize * batch;
         (Pool::Gold, (0..batch).map(|i| order[(start + i) % order.len()]).collect())
@@ -245,15 +253,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drills_come_first_each_once_then_the_gold_trajectories_cycle_in_their_order() {
+    fn copy_then_fact_drills_come_first_each_once_then_the_gold_trajectories_cycle_in_their_order() {
         let order = [4, 0, 3, 1, 2];
-        let rows = |step| update_rows(step, 3, 2, 6, &order);
+        let rows = |step| update_rows(step, [2, 1], 2, 6, &order);
         assert_eq!(rows(0), (Pool::Drills, vec![0, 1]));
-        assert_eq!(rows(2), (Pool::Drills, vec![4, 5]));
+        assert_eq!(rows(1), (Pool::Drills, vec![2, 3]));
+        assert_eq!(rows(2), (Pool::Facts, vec![4, 5]));
         assert_eq!(rows(3), (Pool::Gold, vec![4, 0]));
         assert_eq!(rows(5), (Pool::Gold, vec![2, 4]));
         assert_eq!(rows(6), (Pool::Gold, vec![0, 3]));
-        assert_eq!(update_rows(0, 0, 2, 0, &order), (Pool::Gold, vec![4, 0]));
+        assert_eq!(update_rows(0, [0, 0], 2, 0, &order), (Pool::Gold, vec![4, 0]));
     }
 
     #[test]

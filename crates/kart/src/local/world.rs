@@ -33,7 +33,8 @@ pub const BIRTH_YEARS: (u32, u32) = (1920, 1999);
 /// The years companies are founded in.
 pub const FOUNDING_YEARS: (u32, u32) = (1800, 1989);
 
-const OCCUPATIONS: [&str; 20] = [
+/// What persons work as.
+pub(super) const OCCUPATIONS: [&str; 20] = [
     "baker",
     "painter",
     "tailor",
