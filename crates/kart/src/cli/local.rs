@@ -388,7 +388,7 @@ impl Config {
             vocab: args.vocab,
             warm_start: WarmStart {
                 steps: args.warm_steps.unwrap_or(args.env.warm_steps()),
-                drill_steps: args.copy_drills,
+                copy_steps: args.copy_drills,
                 fact_steps: args.fact_drills,
                 batch: args.warm_batch,
                 lr: args.warm_lr,
@@ -550,19 +550,19 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
     // The copy and fact drills of `ws`'s updates.
     let drills = |ws: &WarmStart, seed| -> anyhow::Result<_> {
         Ok((
-            copy_drills(&world.world, &tokenizer, ws.drill_steps as usize * ws.batch, seed)?,
+            copy_drills(&world.world, &tokenizer, ws.copy_steps as usize * ws.batch, seed)?,
             fact_drills(&world.world, &tokenizer, ws.fact_steps as usize * ws.batch, seed)?,
         ))
     };
     let (copies, facts) = drills(ws, config.seed)?;
-    let progress = kart_train::progress::bar("warm start", ws.drill_steps + ws.fact_steps + ws.steps, 0);
+    let progress = kart_train::progress::bar("warm start", ws.updates(), 0);
     let warm_started = Instant::now();
     let mut updates = warm_start::train(&model, &copies, &facts, &trajectories, ws, config.seed, &progress);
     progress.finish_and_clear();
     eprintln!(
         "warm start: {} updates ({} on copy drills, {} on fact drills) in {:.0} s, loss {:.3} per trained token at the end",
-        ws.drill_steps + ws.fact_steps + ws.steps,
-        ws.drill_steps,
+        ws.updates(),
+        ws.copy_steps,
         ws.fact_steps,
         warm_started.elapsed().as_secs_f64(),
         warm_start::end_loss(&updates)
@@ -570,7 +570,7 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
     let probe_set = ProbeSet::new(&world.world, &world.index, &agent, 3)?;
     let round = WarmStart {
         steps: ws.steps / 4,
-        drill_steps: ws.drill_steps / 6,
+        copy_steps: ws.copy_steps / 6,
         fact_steps: ws.fact_steps / 6,
         lr: ws.lr / 2.0,
         ..ws.clone()
@@ -585,12 +585,11 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
         |n| -> anyhow::Result<()> {
             eprintln!(
                 "warm start: the model does not copy yet; extra round {n} of at most {} ({} copy drill, {} fact drill and {} gold updates)",
-                config.probe_rounds, round.drill_steps, round.fact_steps, round.steps
+                config.probe_rounds, round.copy_steps, round.fact_steps, round.steps
             );
             let seed = config.seed.wrapping_add(u64::from(n) << 32);
             let (copies, facts) = drills(&round, seed)?;
-            let steps = round.drill_steps + round.fact_steps + round.steps;
-            let progress = kart_train::progress::bar("warm start, extra round", steps, 0);
+            let progress = kart_train::progress::bar("warm start, extra round", round.updates(), 0);
             updates.extend(warm_start::train(
                 &model,
                 &copies,

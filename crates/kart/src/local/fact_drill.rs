@@ -138,33 +138,18 @@ impl MadeUp {
 
     /// One of its facts, as gold reasoning states it: "The birthplace of X is Y."
     fn fact(&self, world: &World, rng: &mut Rng) -> String {
+        use Relation::*;
         let (name, relation, value) = match self {
             MadeUp::Person(p) => {
-                let relation = rng.pick(&[
-                    Relation::Birthplace,
-                    Relation::BirthYear,
-                    Relation::Spouse,
-                    Relation::Employer,
-                ]);
-                let value = match relation {
-                    Relation::Birthplace => world.cities[p.birthplace].name.clone(),
-                    Relation::BirthYear => p.birth_year.to_string(),
-                    Relation::Spouse => {
-                        world.persons[p.spouse.expect("made-up persons are married")].name.clone()
-                    }
-                    _ => world.companies[p.employer].name.clone(),
-                };
-                (&p.name, relation, value)
+                let relation = rng.pick(&[Birthplace, BirthYear, Spouse, Employer]);
+                (&p.name, relation, world.person_value(p, relation))
             }
             MadeUp::Company(c) => {
-                let relation = rng.pick(&[Relation::Founded, Relation::Headquarters]);
-                let value = match relation {
-                    Relation::Founded => c.founded.to_string(),
-                    _ => world.cities[c.headquarters].name.clone(),
-                };
-                (&c.name, relation, value)
+                let relation = rng.pick(&[Founded, Headquarters]);
+                (&c.name, relation, world.company_value(c, relation))
             }
         };
+        let (value, _) = value.expect("made-up persons are married, and each relation applies");
         format!("{} is {value}.", capitalised(&relation.phrase(name)))
     }
 }

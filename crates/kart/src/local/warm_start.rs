@@ -1,8 +1,9 @@
 //! The supervised warm start of `kart local`: copy drills ([`super::copy_drill`]) first, fact
-//! drills ([`super::fact_drill`]) next, then the gold trajectories of the warm-start questions, tokenised exactly as rollouts tokenise them (the
-//! prompt through the chat template, each model turn and each observation on its own), trained
-//! with cross-entropy on the model turns (but for the values imperfect turns make up) and on the
-//! observation tokens a model could copy from earlier in the trajectory (never on the prompt).
+//! drills ([`super::fact_drill`]) next, then the gold trajectories of the warm-start questions,
+//! tokenised exactly as rollouts tokenise them (the prompt through the chat template, each model
+//! turn and each observation on its own), trained with cross-entropy on the model turns (but for
+//! the values imperfect turns make up) and on the observation tokens a model could copy from
+//! earlier in the trajectory (never on the prompt).
 
 use super::format::{AgentFormat, FormatError};
 use super::gold::{GoldConfig, Segment};
@@ -27,7 +28,7 @@ pub struct WarmStart {
     pub steps: u64,
     /// Optimiser updates on copy drills before them ([`super::copy_drill`]), one schedule over
     /// all.
-    pub drill_steps: u64,
+    pub copy_steps: u64,
     /// Optimiser updates on fact drills ([`super::fact_drill`]) after the copy drills.
     pub fact_steps: u64,
     /// Trajectories per update.
@@ -36,6 +37,13 @@ pub struct WarmStart {
     pub lr: f64,
     /// Gold trajectories and their imperfect share.
     pub gold: GoldConfig,
+}
+
+impl WarmStart {
+    /// Its optimiser updates: copy drills, fact drills and gold trajectories.
+    pub fn updates(&self) -> u64 {
+        self.copy_steps + self.fact_steps + self.steps
+    }
 }
 
 /// Why a gold trajectory could not be tokenised.
@@ -153,22 +161,22 @@ fn copy_sample(trajectory: &Trajectory) -> Sample {
     sample
 }
 
-/// Trains `model` on `drills` (each once, `config.drill_steps` updates), then on `facts` (each
+/// Trains `model` on `copies` (each once, `config.copy_steps` updates), then on `facts` (each
 /// once, `config.fact_steps` updates), then on `trajectories` (cycled in a seeded order,
 /// `config.steps` updates); returns each update.
 pub fn train(
     model: &CausalLm,
-    drills: &[Trajectory],
+    copies: &[Trajectory],
     facts: &[Trajectory],
     trajectories: &[Trajectory],
     config: &WarmStart,
     seed: u64,
     bar: &ProgressBar,
 ) -> Vec<Update> {
-    let drill_steps = if drills.is_empty() { 0 } else { config.drill_steps };
+    let copy_steps = if copies.is_empty() { 0 } else { config.copy_steps };
     let fact_steps = if facts.is_empty() { 0 } else { config.fact_steps };
     // One pool, taken in order: the copy drills' updates, then the fact drills'.
-    let drills: Vec<Sample> = drills.iter().chain(facts).map(copy_sample).collect();
+    let drills: Vec<Sample> = copies.iter().chain(facts).map(copy_sample).collect();
     let samples: Vec<Sample> = trajectories.iter().map(copy_sample).collect();
     let optim = OptimConfig {
         lr: config.lr,
@@ -180,10 +188,10 @@ pub fn train(
     };
     let mut optimizer = AdamW::new(model.named_tensors(), optim.clone());
     let order = kart_train::data::permutation(seed, 0, samples.len());
-    let total = drill_steps + fact_steps + if samples.is_empty() { 0 } else { config.steps };
+    let total = copy_steps + fact_steps + if samples.is_empty() { 0 } else { config.steps };
     let mut updates = Vec::with_capacity(total as usize);
     for step in 0..total {
-        let (pool, rows) = update_rows(step, [drill_steps, fact_steps], config.batch, drills.len(), &order);
+        let (pool, rows) = update_rows(step, [copy_steps, fact_steps], config.batch, drills.len(), &order);
         let pooled = if pool == Pool::Gold { &samples } else { &drills };
         let mb = MicroBatch::new(pooled, &rows, model.device());
         optimizer.zero_grad();
@@ -218,7 +226,7 @@ pub fn end_loss(updates: &[Update]) -> f64 {
 pub enum Pool {
     /// Copy drills ([`super::copy_drill`]).
     #[serde(rename = "copy-drill")]
-    Drills,
+    Copies,
     /// Fact drills ([`super::fact_drill`]).
     #[serde(rename = "fact-drill")]
     Facts,
@@ -227,9 +235,9 @@ pub enum Pool {
     Gold,
 }
 
-/// The pool and rows of warm-start update `step`: the first `drill_steps` updates (copy drills,
-/// then fact drills) take the `drills` in order (each once when there are as many as the updates
-/// take), the rest cycle through the gold trajectories in the seeded `order`.
+/// The pool and rows of warm-start update `step`: the first `copy_steps + fact_steps` updates
+/// (copy drills, then fact drills) take the `drills` in order (each once when there are as many
+/// as the updates take), the rest cycle through the gold trajectories in the seeded `order`.
 fn update_rows(
     step: u64,
     [copy_steps, fact_steps]: [u64; 2],
@@ -240,7 +248,7 @@ fn update_rows(
     let drill_steps = copy_steps + fact_steps;
     if step < drill_steps {
         let start = step as usize * batch;
-        let pool = if step < copy_steps { Pool::Drills } else { Pool::Facts };
+        let pool = if step < copy_steps { Pool::Copies } else { Pool::Facts };
         (pool, (0..batch).map(|i| (start + i) % drills).collect())
     } else {
         let start = (step - drill_steps) as usize * batch;
@@ -256,8 +264,8 @@ mod tests {
     fn copy_then_fact_drills_come_first_each_once_then_the_gold_trajectories_cycle_in_their_order() {
         let order = [4, 0, 3, 1, 2];
         let rows = |step| update_rows(step, [2, 1], 2, 6, &order);
-        assert_eq!(rows(0), (Pool::Drills, vec![0, 1]));
-        assert_eq!(rows(1), (Pool::Drills, vec![2, 3]));
+        assert_eq!(rows(0), (Pool::Copies, vec![0, 1]));
+        assert_eq!(rows(1), (Pool::Copies, vec![2, 3]));
         assert_eq!(rows(2), (Pool::Facts, vec![4, 5]));
         assert_eq!(rows(3), (Pool::Gold, vec![4, 0]));
         assert_eq!(rows(5), (Pool::Gold, vec![2, 4]));

@@ -381,22 +381,33 @@ impl World {
     /// The value of `relation` for `subject` (a name or year) and the entity it names, if any;
     /// `None` when the relation does not apply (a company's spouse, an unmarried person's).
     pub fn follow(&self, subject: Entity, relation: Relation) -> Option<(String, Option<Entity>)> {
-        use Relation::*;
-        Some(match (subject, relation) {
-            (Entity::Person(i), Birthplace) => (self.cities[self.persons[i].birthplace].name.clone(), None),
-            (Entity::Person(i), BirthYear) => (self.persons[i].birth_year.to_string(), None),
-            (Entity::Person(i), Spouse) => {
-                let spouse = self.persons[i].spouse?;
+        match subject {
+            Entity::Person(i) => self.person_value(&self.persons[i], relation),
+            Entity::Company(i) => self.company_value(&self.companies[i], relation),
+        }
+    }
+
+    /// [`World::follow`] for a person, who may be one the world does not hold.
+    pub(super) fn person_value(&self, p: &Person, relation: Relation) -> Option<(String, Option<Entity>)> {
+        Some(match relation {
+            Relation::Birthplace => (self.cities[p.birthplace].name.clone(), None),
+            Relation::BirthYear => (p.birth_year.to_string(), None),
+            Relation::Spouse => {
+                let spouse = p.spouse?;
                 (self.persons[spouse].name.clone(), Some(Entity::Person(spouse)))
             }
-            (Entity::Person(i), Employer) => {
-                let company = self.persons[i].employer;
-                (self.companies[company].name.clone(), Some(Entity::Company(company)))
+            Relation::Employer => {
+                (self.companies[p.employer].name.clone(), Some(Entity::Company(p.employer)))
             }
-            (Entity::Company(i), Founded) => (self.companies[i].founded.to_string(), None),
-            (Entity::Company(i), Headquarters) => {
-                (self.cities[self.companies[i].headquarters].name.clone(), None)
-            }
+            Relation::Founded | Relation::Headquarters => return None,
+        })
+    }
+
+    /// [`World::follow`] for a company, which may be one the world does not hold.
+    pub(super) fn company_value(&self, c: &Company, relation: Relation) -> Option<(String, Option<Entity>)> {
+        Some(match relation {
+            Relation::Founded => (c.founded.to_string(), None),
+            Relation::Headquarters => (self.cities[c.headquarters].name.clone(), None),
             _ => return None,
         })
     }
