@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO_FLAGS := --release --locked
 ENV := source scripts/env.sh &&
 
-.PHONY: setup setup-local build local test test-build test-run control-plane images vllm mdbook fuzz-build fuzz-smoke
+.PHONY: setup setup-local build local test test-build test-run control-plane images vllm mdbook lint fuzz-build fuzz-smoke
 setup:
 	bash scripts/setup.sh
 
@@ -23,13 +23,16 @@ local: setup-local
 
 # Three steps, each with work at a lower priority beside it that takes the CPU the other leaves
 # idle: set-up (downloads) and one cargo build of the binaries and the tests, with the control
-# plane's and its node's Go build and the real vLLM's set-up beside them; the tests (waiting on
-# servers and clusters a good part of the time), with the fuzz targets' build and kart's images
-# beside them (the real node's test waits for the images); then the fuzz targets.
+# plane's and its node's Go build, the real vLLM's set-up and mdBook's install beside them (all
+# four at once: none waits for another's slot); the tests (waiting on servers and clusters a good
+# part of the time), with the fuzz targets' build and kart's images (the real node's test waits for
+# them) beside them; then the fuzz targets (one core each, one after another) with clippy beside
+# them (a check build of its own, which would hold the target folder's lock if it ran beside the
+# tests).
 test:
-	$(MAKE) --no-print-directory -j3 test-build control-plane vllm mdbook
+	$(MAKE) --no-print-directory -j4 test-build control-plane vllm mdbook
 	$(MAKE) --no-print-directory -j3 test-run fuzz-build images
-	$(MAKE) --no-print-directory fuzz-smoke
+	$(MAKE) --no-print-directory -j2 fuzz-smoke lint
 
 # One build of the binaries and the tests together: built apart, the tests' dev-dependencies
 # change the features of shared dependencies (tokio, hyper, …) and every crate above them is
@@ -53,6 +56,10 @@ control-plane:
 images: test-build control-plane
 	nice -n 10 bash scripts/control-plane.sh build-node >/dev/null
 	nice -n 10 bash scripts/images.sh all >/dev/null
+
+# clippy over every target, warnings refused (CI's lint).
+lint: test-build
+	$(ENV) nice -n 10 cargo clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
 
 # mdBook, which builds the book in docs/ for its test (tests/tests/book.rs), into ~/.cargo/bin once:
 # without its server, watcher and search index, which the test needs none of (`mdbook build docs`

@@ -17,7 +17,8 @@
 # project venv: torch, its CUDA libraries and the modules `import torch` needs) for
 # pytorch/pytorch's runtime image. Everything is cached in $KART_IMAGE_CACHE (default
 # ~/.cache/kart/images): buildah's storage (bases and layers), and each archive beside the key of
-# its inputs; an unchanged input builds nothing.
+# its inputs; an unchanged input builds nothing. The build's RUN steps run under the node's own runc
+# (scripts/control-plane.sh build-node), so buildah needs no runtime of the machine's.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${KART_IMAGE_CACHE:-$HOME/.cache/kart/images}"
@@ -34,6 +35,8 @@ for tool in buildah mmdebstrap; do
   command -v "$tool" >/dev/null || die "'$tool' is required (Debian package $tool; scripts/setup.sh installs it)"
 done
 mkdir -p "$cache/archives"
+BUILDAH_RUNTIME="$(bash "$root/scripts/control-plane.sh" build-node)/runc"
+export BUILDAH_RUNTIME
 # A lock: two runs (two test binaries) build one at a time, the second finding the first's work.
 exec 9>"$cache/lock"
 flock 9

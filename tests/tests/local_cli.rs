@@ -342,7 +342,7 @@ fn assert_trajectories_rendered(dir: &std::path::Path, summary: &Value, stdout: 
     );
 }
 
-/// `kart local --quick`: the whole loop on a small world and model (a first look in about three
+/// `kart local --quick`: the whole loop on a small world and model (a first look in about two
 /// minutes), with the chart and the trajectories; the flags it sets cannot be given with it.
 #[test]
 fn quick_shows_the_whole_loop_with_its_chart_and_trajectories() {
@@ -356,10 +356,10 @@ fn quick_shows_the_whole_loop_with_its_chart_and_trajectories() {
     let settings = &summary["settings"];
     assert_eq!(
         (&settings["quick"], &settings["hidden"], &settings["steps"]),
-        (&json!(true), &json!(96), &json!(10))
+        (&json!(true), &json!(64), &json!(6))
     );
     let records = std::fs::read_to_string(dir.join("rl/metrics.jsonl")).unwrap().lines().count();
-    assert_eq!(records, 11, "the evaluation before RL and ten steps");
+    assert_eq!(records, 7, "the evaluation before RL and six steps");
     let png = std::fs::read(dir.join("chart.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     // The PNG's header: 1200 x 800 pixels.

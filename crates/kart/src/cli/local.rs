@@ -150,7 +150,7 @@ pub struct LocalArgs {
     /// RL in the trainer's default bf16 there).
     #[arg(long, default_value = "cpu", value_parser = super::parse_device)]
     device: Device,
-    /// A first look in about three minutes on two cores: the whole loop (world, warm start, a
+    /// A first look in about two minutes on two cores: the whole loop (world, warm start, a
     /// few RL steps, the evaluations, the chart and the trajectories) on a smaller world and
     /// model, without the defaults' claim that the agent learns. It sets the sizes and counts of
     /// the world, the model, the warm start and RL, so it cannot be combined with their flags.
@@ -187,18 +187,18 @@ impl LocalArgs {
         LocalArgs {
             persons: 1000,
             rl_questions: 200,
-            hidden: 96,
+            hidden: 64,
             layers: 2,
             heads: 2,
             vocab: 4096,
-            warm_steps: Some(1000),
-            copy_drills: 800,
-            fact_drills: 200,
+            warm_steps: Some(500),
+            copy_drills: 300,
+            fact_drills: 100,
             probe_rounds: 0,
-            steps: 10,
+            steps: 6,
             prompts: 8,
             n: 4,
-            eval_questions: 50,
+            eval_questions: 40,
             eval_samples: 0,
             // A step whose groups all have equal rewards trains nothing rather than failing.
             dynamic_sampling: false,
