@@ -50,7 +50,10 @@ stamp="$models/.kart-models.sha256"
 wanted="$(cat "$root/scripts/vllm/serving_models.py" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   echo "vllm setup: making the serving fixture models in $models"
-  "$project_venv/bin/python" "$root/scripts/vllm/serving_models.py" "$root/../shared" "$models"
+  # One thread: the models are tiny, and beside a build (make test runs this at nice 10) torch's
+  # OpenMP threads spin waiting for each other (with the CPU busy: 170 s on one thread, over 300
+  # s on two; 14.8 minutes in a cold CI run).
+  OMP_NUM_THREADS=1 "$project_venv/bin/python" "$root/scripts/vllm/serving_models.py" "$root/../shared" "$models"
   echo "$wanted" > "$stamp"
 fi
 echo "vllm setup: ready (venv $venv, models $models)"
