@@ -16,7 +16,7 @@
 use super::gold::capitalised;
 use super::rng::Rng;
 use super::world::{BIRTH_YEARS, Company, FOUNDING_YEARS, OCCUPATIONS, Person, Relation, World};
-use kart_core::agent::search_r1::{Document, RetrievalResult, passages_to_string};
+use kart_core::agent::search_r1::{RetrievalResult, contents, document, passages_to_string};
 use kart_core::agent::trajectory::Trajectory;
 use kart_model::ModelError;
 use kart_tokenizer::Tokenizer;
@@ -54,14 +54,7 @@ pub fn fact_drills(
                 .iter()
                 .map(|e| {
                     let (title, text) = e.passage(world, &mut rng);
-                    let document = Document {
-                        id: String::new(),
-                        contents: format!("\"{title}\"\n{text}"),
-                        title: None,
-                        text: None,
-                        fields: Default::default(),
-                    };
-                    RetrievalResult { document, score: 0.0 }
+                    RetrievalResult { document: document(String::new(), contents(&title, &text)), score: 0.0 }
                 })
                 .collect();
             let mut order: Vec<usize> = (0..DOCS).collect();
