@@ -57,7 +57,8 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert!(stdout.contains("after warm start") && stdout.contains("exact match (greedy)"), "{stdout}");
     assert!(stdout.contains("mean reward (sampled, T = 1)"), "{stdout}");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("11 updates (3 on copy drills, 2 on fact drills)"), "{stderr}");
+    // Two fact-drill updates after the copy drills and one after every two of the six gold ones.
+    assert!(stderr.contains("14 updates (3 on copy drills, 5 on fact drills)"), "{stderr}");
     // The probe finds a model this small copying nothing: two extra rounds (a sixth of the 3 and
     // 2 drill updates, none, and a quarter of the 6 gold ones, one), then it says so plainly.
     assert!(stdout.contains("copy probe") && stdout.contains("FAILED after 2 extra"), "{stdout}");
@@ -81,20 +82,21 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     let probe = &summary["copy_probe"];
     assert_eq!((&probe["passed"], &probe["extra_rounds"]), (&json!(false), &json!(2)), "{probe}");
     assert!(probe["values"].as_u64().unwrap() > 0 && probe["copied"].as_u64().unwrap() == 0, "{probe}");
-    // One loss per warm-start update, drills first, the extra rounds' last; the summary's loss is
-    // the mean of the last tenth (two of thirteen).
+    // One loss per warm-start update, drills first (fact drills between the gold updates too),
+    // the extra rounds' last; the summary's loss is the mean of the last tenth (two of sixteen).
     let losses: Vec<Value> = std::fs::read_to_string(dir.join("warm-start.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let pools: Vec<&str> = losses.iter().map(|l| l["pool"].as_str().unwrap()).collect();
-    assert_eq!(pools, [["copy-drill"; 3].as_slice(), &["fact-drill"; 2], &["gold"; 6 + 2]].concat());
+    let gold_phase = ["gold", "gold", "fact-drill"].repeat(3);
+    assert_eq!(pools, [["copy-drill"; 3].as_slice(), &["fact-drill"; 2], &gold_phase, &["gold"; 2]].concat());
     assert_eq!(
         losses.iter().map(|l| l["update"].as_u64().unwrap()).collect::<Vec<_>>(),
-        (1..=13).collect::<Vec<_>>()
+        (1..=16).collect::<Vec<_>>()
     );
-    let last_tenth = (losses[11]["loss"].as_f64().unwrap() + losses[12]["loss"].as_f64().unwrap()) / 2.0;
+    let last_tenth = (losses[14]["loss"].as_f64().unwrap() + losses[15]["loss"].as_f64().unwrap()) / 2.0;
     assert!((summary["warm_start_loss"].as_f64().unwrap() - last_tenth).abs() < 1e-9, "{summary}");
     assert!(dir.join("model/config.json").is_file() && dir.join("model/tokenizer.json").is_file());
     let png = std::fs::read(dir.join("chart.png")).unwrap();
@@ -360,6 +362,17 @@ fn quick_shows_the_whole_loop_with_its_chart_and_trajectories() {
     );
     let records = std::fs::read_to_string(dir.join("rl/metrics.jsonl")).unwrap().lines().count();
     assert_eq!(records, 7, "the evaluation before RL and six steps");
+    // The copy probe every 500 warm-start updates (of 900), with the update's loss.
+    let probes: Vec<(u64, Value)> = std::fs::read_to_string(dir.join("warm-start.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l.get("probe").is_some())
+        .map(|l| (l["update"].as_u64().unwrap(), l["probe"].clone()))
+        .collect();
+    assert_eq!(probes.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [500], "{probes:?}");
+    assert!(probes[0].1["values"].as_u64().unwrap() > 0, "{probes:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("copy probe after 500 warm-start updates"));
     let png = std::fs::read(dir.join("chart.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     // The PNG's header: 1200 x 800 pixels.

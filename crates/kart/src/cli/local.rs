@@ -10,7 +10,7 @@ use kart::local::fact_drill::fact_drills;
 use kart::local::format::AgentFormat;
 use kart::local::gold::GoldConfig;
 use kart::local::reading;
-use kart::local::warm_start::{self, Agent, WarmStart};
+use kart::local::warm_start::{self, Agent, Lessons, WarmStart};
 use kart::local::world::{DatasetPaths, World, WorldConfig};
 use kart_core::config::train::{
     AdvantageEstimator, AlgorithmConfig, BatchConfig, CheckpointConfig, DataConfig, DataFormat, Device,
@@ -77,7 +77,7 @@ pub struct LocalArgs {
     /// Largest vocabulary of the tokenizer (BPE stops merging once every word is one token).
     #[arg(long, default_value_t = 8192)]
     vocab: usize,
-    /// Warm-start updates on the gold trajectories (default: 2000, and 3000 with `--env tools`,
+    /// Warm-start updates on the gold trajectories (default: 1500, and 2250 with `--env tools`,
     /// whose trajectories are half again as long).
     #[arg(long)]
     warm_steps: Option<u64>,
@@ -89,8 +89,13 @@ pub struct LocalArgs {
     /// Updates on fact drills (passages about made-up persons and companies, then facts read
     /// from them in the gold reasoning's words) after the copy drills: the model learns to look a
     /// value up by its subject, not only to repeat what it read (0: none).
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 1000)]
     fact_drills: u64,
+    /// During the gold phase, one more fact-drill update after every this many gold updates:
+    /// each gold trajectory is seen several times, and the fresh values of the drills between
+    /// them keep the model looking values up rather than recalling them (0: none).
+    #[arg(long, default_value_t = 2)]
+    fact_drill_every: u64,
     /// Gold trajectories per warm-start update.
     #[arg(long, default_value_t = 8)]
     warm_batch: usize,
@@ -159,7 +164,7 @@ pub struct LocalArgs {
 }
 
 /// The flags `--quick` sets.
-const QUICK_SETS: [&str; 16] = [
+const QUICK_SETS: [&str; 17] = [
     "persons",
     "rl_questions",
     "hidden",
@@ -169,6 +174,7 @@ const QUICK_SETS: [&str; 16] = [
     "warm_steps",
     "copy_drills",
     "fact_drills",
+    "fact_drill_every",
     "probe_rounds",
     "steps",
     "prompts",
@@ -194,6 +200,7 @@ impl LocalArgs {
             warm_steps: Some(500),
             copy_drills: 300,
             fact_drills: 100,
+            fact_drill_every: 0,
             probe_rounds: 0,
             steps: 6,
             prompts: 8,
@@ -295,6 +302,9 @@ pub struct ProbeOutcome {
     pub extra_rounds: u32,
 }
 
+/// Warm-start updates between the copy probes written to `warm-start.jsonl` (when the copy forms).
+const PROBE_EVERY: u64 = 500;
+
 const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
 pub fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
@@ -390,6 +400,7 @@ impl Config {
                 steps: args.warm_steps.unwrap_or(args.env.warm_steps()),
                 copy_steps: args.copy_drills,
                 fact_steps: args.fact_drills,
+                fact_every: args.fact_drill_every,
                 batch: args.warm_batch,
                 lr: args.warm_lr,
                 gold: GoldConfig {
@@ -551,23 +562,36 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
     let drills = |ws: &WarmStart, seed| -> anyhow::Result<_> {
         Ok((
             copy_drills(&world.world, &tokenizer, ws.copy_steps as usize * ws.batch, seed)?,
-            fact_drills(&world.world, &tokenizer, ws.fact_steps as usize * ws.batch, seed)?,
+            fact_drills(&world.world, &tokenizer, ws.fact_updates() as usize * ws.batch, seed)?,
         ))
     };
     let (copies, facts) = drills(ws, config.seed)?;
+    let probe_set = ProbeSet::new(&world.world, &world.index, &agent, 3)?;
     let progress = kart_train::progress::bar("warm start", ws.updates(), 0);
+    let measure = |done: u64| {
+        let probe = probe_set.measure(&model);
+        progress.suspend(|| eprintln!("copy probe after {done} warm-start updates: {probe}"));
+        probe
+    };
     let warm_started = Instant::now();
-    let mut updates = warm_start::train(&model, &copies, &facts, &trajectories, ws, config.seed, &progress);
+    let probe_every = Some((PROBE_EVERY, &measure as &dyn Fn(u64) -> CopyProbe));
+    let mut updates = warm_start::train(
+        &model,
+        Lessons { copies: &copies, facts: &facts, gold: &trajectories },
+        ws,
+        config.seed,
+        probe_every,
+        &progress,
+    );
     progress.finish_and_clear();
     eprintln!(
         "warm start: {} updates ({} on copy drills, {} on fact drills) in {:.0} s, loss {:.3} per trained token at the end",
         ws.updates(),
         ws.copy_steps,
-        ws.fact_steps,
+        ws.fact_updates(),
         warm_started.elapsed().as_secs_f64(),
         warm_start::end_loss(&updates)
     );
-    let probe_set = ProbeSet::new(&world.world, &world.index, &agent, 3)?;
     let round = WarmStart {
         steps: ws.steps / 4,
         copy_steps: ws.copy_steps / 6,
@@ -585,18 +609,20 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
         |n| -> anyhow::Result<()> {
             eprintln!(
                 "warm start: the model does not copy yet; extra round {n} of at most {} ({} copy drill, {} fact drill and {} gold updates)",
-                config.probe_rounds, round.copy_steps, round.fact_steps, round.steps
+                config.probe_rounds,
+                round.copy_steps,
+                round.fact_updates(),
+                round.steps
             );
             let seed = config.seed.wrapping_add(u64::from(n) << 32);
             let (copies, facts) = drills(&round, seed)?;
             let progress = kart_train::progress::bar("warm start, extra round", round.updates(), 0);
             updates.extend(warm_start::train(
                 &model,
-                &copies,
-                &facts,
-                &trajectories,
+                Lessons { copies: &copies, facts: &facts, gold: &trajectories },
                 &round,
                 seed,
+                None,
                 &progress,
             ));
             progress.finish_and_clear();
@@ -764,7 +790,14 @@ fn write_trajectories(
 fn write_losses(path: &std::path::Path, updates: &[warm_start::Update]) -> anyhow::Result<()> {
     let lines: String = (1..)
         .zip(updates)
-        .map(|(n, u)| format!("{}\n", json!({"update": n, "pool": u.pool, "loss": u.loss})))
+        .map(|(n, u)| {
+            let mut line = json!({"update": n, "pool": u.pool, "loss": u.loss});
+            if let Some(probe) = u.probe {
+                line["probe"] =
+                    json!({"copied": probe.copied, "values": probe.values, "share": probe.share()});
+            }
+            format!("{line}\n")
+        })
         .collect();
     std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))
 }

@@ -1,10 +1,12 @@
 //! The supervised warm start of `kart local`: copy drills ([`super::copy_drill`]) first, fact
-//! drills ([`super::fact_drill`]) next, then the gold trajectories of the warm-start questions,
+//! drills ([`super::fact_drill`]) next, then the gold trajectories of the warm-start questions
+//! (with more fact drills between them),
 //! tokenised exactly as rollouts tokenise them (the prompt through the chat template, each model
 //! turn and each observation on its own), trained with cross-entropy on the model turns (but for
 //! the values imperfect turns make up) and on the observation tokens a model could copy from
 //! earlier in the trajectory (never on the prompt).
 
+use super::copy_probe::CopyProbe;
 use super::format::{AgentFormat, FormatError};
 use super::gold::{GoldConfig, Segment};
 use super::world::{Question, World};
@@ -31,6 +33,11 @@ pub struct WarmStart {
     pub copy_steps: u64,
     /// Optimiser updates on fact drills ([`super::fact_drill`]) after the copy drills.
     pub fact_steps: u64,
+    /// During the gold phase, one more fact-drill update after every this many gold updates (0:
+    /// none). Each gold trajectory is seen several times, so its values can also be recalled
+    /// from memory; the fresh values of the drills between them keep looking them up in the
+    /// search results what predicts them.
+    pub fact_every: u64,
     /// Trajectories per update.
     pub batch: usize,
     /// Peak learning rate (cosine schedule after 5% warm-up).
@@ -40,9 +47,30 @@ pub struct WarmStart {
 }
 
 impl WarmStart {
+    /// Its fact-drill updates: those after the copy drills and those between the gold updates.
+    pub fn fact_updates(&self) -> u64 {
+        self.fact_steps + self.steps.checked_div(self.fact_every).unwrap_or(0)
+    }
+
     /// Its optimiser updates: copy drills, fact drills and gold trajectories.
     pub fn updates(&self) -> u64 {
-        self.copy_steps + self.fact_steps + self.steps
+        self.copy_steps + self.fact_updates() + self.steps
+    }
+
+    /// The pool of each update, in order: the copy drills, the fact drills, then the gold
+    /// trajectories with a fact-drill update after every [`WarmStart::fact_every`] of them (a
+    /// pool with no samples is left out).
+    fn schedule(&self, copies: bool, facts: bool, gold: bool) -> Vec<Pool> {
+        let mut pools = Vec::with_capacity(self.updates() as usize);
+        pools.extend(std::iter::repeat_n(Pool::Copies, if copies { self.copy_steps as usize } else { 0 }));
+        pools.extend(std::iter::repeat_n(Pool::Facts, if facts { self.fact_steps as usize } else { 0 }));
+        for g in 1..=if gold { self.steps } else { 0 } {
+            pools.push(Pool::Gold);
+            if facts && self.fact_every > 0 && g % self.fact_every == 0 {
+                pools.push(Pool::Facts);
+            }
+        }
+        pools
     }
 }
 
@@ -161,21 +189,31 @@ fn copy_sample(trajectory: &Trajectory) -> Sample {
     sample
 }
 
-/// Trains `model` on `copies` (each once, `config.copy_steps` updates), then on `facts` (each
-/// once, `config.fact_steps` updates), then on `trajectories` (cycled in a seeded order,
-/// `config.steps` updates); returns each update.
+/// What a warm start trains on.
+#[derive(Clone, Copy)]
+pub struct Lessons<'a> {
+    /// Copy drills, each once.
+    pub copies: &'a [Trajectory],
+    /// Fact drills, each once.
+    pub facts: &'a [Trajectory],
+    /// Gold trajectories, cycled in a seeded order.
+    pub gold: &'a [Trajectory],
+}
+
+/// Trains `model` on the copy drills (`config.copy_steps` updates), then the fact drills
+/// ([`WarmStart::fact_updates`] updates), then the gold trajectories (`config.steps` updates)
+/// with the rest of the fact drills between them; returns each update. `probe` (a period and a
+/// measure, given the updates done) is measured after every period of updates.
 pub fn train(
     model: &CausalLm,
-    copies: &[Trajectory],
-    facts: &[Trajectory],
-    trajectories: &[Trajectory],
+    Lessons { copies, facts, gold: trajectories }: Lessons<'_>,
     config: &WarmStart,
     seed: u64,
+    probe: Option<(u64, &dyn Fn(u64) -> CopyProbe)>,
     bar: &ProgressBar,
 ) -> Vec<Update> {
-    let copy_steps = if copies.is_empty() { 0 } else { config.copy_steps };
-    let fact_steps = if facts.is_empty() { 0 } else { config.fact_steps };
-    // One pool, taken in order: the copy drills' updates, then the fact drills'.
+    let schedule = config.schedule(!copies.is_empty(), !facts.is_empty(), !trajectories.is_empty());
+    // One pool of drills, taken in order: the copy drills' updates, then the fact drills'.
     let drills: Vec<Sample> = copies.iter().chain(facts).map(copy_sample).collect();
     let samples: Vec<Sample> = trajectories.iter().map(copy_sample).collect();
     let optim = OptimConfig {
@@ -188,11 +226,20 @@ pub fn train(
     };
     let mut optimizer = AdamW::new(model.named_tensors(), optim.clone());
     let order = kart_train::data::permutation(seed, 0, samples.len());
-    let total = copy_steps + fact_steps + if samples.is_empty() { 0 } else { config.steps };
-    let mut updates = Vec::with_capacity(total as usize);
-    for step in 0..total {
-        let (pool, rows) = update_rows(step, [copy_steps, fact_steps], config.batch, drills.len(), &order);
-        let pooled = if pool == Pool::Gold { &samples } else { &drills };
+    let total = schedule.len() as u64;
+    let mut updates = Vec::with_capacity(schedule.len());
+    let (mut drill_updates, mut gold_updates) = (0, 0);
+    for (step, &pool) in (0..).zip(&schedule) {
+        let (pooled, rows) = match pool {
+            Pool::Gold => {
+                gold_updates += 1;
+                (&samples, rows(gold_updates - 1, config.batch, |i| order[i % order.len()]))
+            }
+            Pool::Copies | Pool::Facts => {
+                drill_updates += 1;
+                (&drills, rows(drill_updates - 1, config.batch, |i| i % drills.len()))
+            }
+        };
         let mb = MicroBatch::new(pooled, &rows, model.device());
         optimizer.zero_grad();
         let (logprobs, _) = mb.logprobs(model, &mb.hidden(model), 1.0, false);
@@ -200,11 +247,18 @@ pub fn train(
         loss.backward();
         optimizer.step(learning_rate(&optim, step, total));
         let value = loss.double_value(&[]);
-        updates.push(Update { pool, loss: value });
+        let probe =
+            probe.filter(|&(every, _)| (step + 1) % every.max(1) == 0).map(|(_, measure)| measure(step + 1));
+        updates.push(Update { pool, loss: value, probe });
         bar.set_position(step + 1);
         bar.set_message(format!("loss {value:.3}"));
     }
     updates
+}
+
+/// The rows of a pool's `k`-th update: `batch` consecutive positions, each mapped by `row`.
+fn rows(k: usize, batch: usize, row: impl Fn(usize) -> usize) -> Vec<usize> {
+    (k * batch..(k + 1) * batch).map(row).collect()
 }
 
 /// One warm-start update: what it trained on, and its loss per trained token.
@@ -212,6 +266,9 @@ pub fn train(
 pub struct Update {
     pub pool: Pool,
     pub loss: f64,
+    /// The copy probe right after it, where one was measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<CopyProbe>,
 }
 
 /// The mean loss of the last tenth of `updates` (at least one), the warm start's loss at its end;
@@ -235,47 +292,42 @@ pub enum Pool {
     Gold,
 }
 
-/// The pool and rows of warm-start update `step`: the first `copy_steps + fact_steps` updates
-/// (copy drills, then fact drills) take the `drills` in order (each once when there are as many
-/// as the updates take), the rest cycle through the gold trajectories in the seeded `order`.
-fn update_rows(
-    step: u64,
-    [copy_steps, fact_steps]: [u64; 2],
-    batch: usize,
-    drills: usize,
-    order: &[usize],
-) -> (Pool, Vec<usize>) {
-    let drill_steps = copy_steps + fact_steps;
-    if step < drill_steps {
-        let start = step as usize * batch;
-        let pool = if step < copy_steps { Pool::Copies } else { Pool::Facts };
-        (pool, (0..batch).map(|i| (start + i) % drills).collect())
-    } else {
-        let start = (step - drill_steps) as usize * batch;
-        (Pool::Gold, (0..batch).map(|i| order[(start + i) % order.len()]).collect())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn copy_then_fact_drills_come_first_each_once_then_the_gold_trajectories_cycle_in_their_order() {
+    fn copy_then_fact_drills_come_first_then_the_gold_updates_with_fact_drills_between_them() {
+        use Pool::{Copies as C, Facts as F, Gold as G};
+        let ws = |fact_every| WarmStart {
+            steps: 5,
+            copy_steps: 2,
+            fact_steps: 1,
+            fact_every,
+            batch: 2,
+            lr: 1e-3,
+            gold: GoldConfig::default(),
+        };
+        assert_eq!(ws(0).schedule(true, true, true), [C, C, F, G, G, G, G, G]);
+        assert_eq!(ws(2).schedule(true, true, true), [C, C, F, G, G, F, G, G, F, G]);
+        assert_eq!(ws(2).updates(), 10);
+        assert_eq!(ws(2).fact_updates(), 3);
+        assert_eq!(ws(2).schedule(false, false, true), [G; 5], "pools without samples are left out");
+        assert_eq!(ws(2).schedule(true, true, false), [C, C, F]);
+    }
+
+    #[test]
+    fn a_pool_takes_consecutive_rows_and_gold_updates_cycle_through_their_order() {
         let order = [4, 0, 3, 1, 2];
-        let rows = |step| update_rows(step, [2, 1], 2, 6, &order);
-        assert_eq!(rows(0), (Pool::Copies, vec![0, 1]));
-        assert_eq!(rows(1), (Pool::Copies, vec![2, 3]));
-        assert_eq!(rows(2), (Pool::Facts, vec![4, 5]));
-        assert_eq!(rows(3), (Pool::Gold, vec![4, 0]));
-        assert_eq!(rows(5), (Pool::Gold, vec![2, 4]));
-        assert_eq!(rows(6), (Pool::Gold, vec![0, 3]));
-        assert_eq!(update_rows(0, [0, 0], 2, 0, &order), (Pool::Gold, vec![4, 0]));
+        assert_eq!(rows(0, 2, |i| i % 6), [0, 1]);
+        assert_eq!(rows(3, 2, |i| i % 6), [0, 1], "drills repeat when there are fewer than taken");
+        assert_eq!(rows(2, 2, |i| order[i % order.len()]), [2, 4]);
     }
 
     #[test]
     fn the_end_loss_is_the_mean_of_the_last_tenth() {
-        let losses: Vec<Update> = (1..=20).map(|l| Update { pool: Pool::Gold, loss: f64::from(l) }).collect();
+        let losses: Vec<Update> =
+            (1..=20).map(|l| Update { pool: Pool::Gold, loss: f64::from(l), probe: None }).collect();
         assert_eq!(end_loss(&losses), 19.5);
         assert_eq!(end_loss(&losses[..3]), 3.0);
         assert!(end_loss(&[]).is_nan());
