@@ -27,7 +27,6 @@ use kart_train::trainer::{RunSummary, Serving, Trainer};
 use kart_train::weights::WeightStore;
 use prometheus::Registry;
 use serde::Serialize;
-use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -786,18 +785,14 @@ fn write_trajectories(
 }
 
 /// Writes one JSON line per warm-start update: its number (from 1), what it trained on
-/// (`copy-drill`, `fact-drill` or `gold`) and its loss per trained token.
+/// (`copy-drill`, `fact-drill` or `gold`), its loss per trained token, and the copy probe
+/// (`copied` of `values`) where one was measured right after it.
 fn write_losses(path: &std::path::Path, updates: &[warm_start::Update]) -> anyhow::Result<()> {
-    let lines: String = (1..)
-        .zip(updates)
-        .map(|(n, u)| {
-            let mut line = json!({"update": n, "pool": u.pool, "loss": u.loss});
-            if let Some(probe) = u.probe {
-                line["probe"] =
-                    json!({"copied": probe.copied, "values": probe.values, "share": probe.share()});
-            }
-            format!("{line}\n")
-        })
-        .collect();
+    let mut lines = String::new();
+    for (n, update) in (1u64..).zip(updates) {
+        let mut line = serde_json::to_value(update)?;
+        line["update"] = n.into();
+        lines += &format!("{line}\n");
+    }
     std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))
 }
