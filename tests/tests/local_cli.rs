@@ -38,7 +38,7 @@ fn small_run_writes_model_chart_metrics_and_summary() {
             .args(["local", "--persons", "400", "--rl-questions", "20", "--hidden", "32", "--layers", "1"])
             .args(["--vocab", "600"])
             .args(["--copy-drills", "3", "--fact-drills", "2", "--warm-steps", "6", "--warm-batch", "4"])
-            .args(["--steps", "2", "--prompts", "2", "--n", "2"])
+            .args(["--fact-drill-every", "2", "--steps", "2", "--prompts", "2", "--n", "2"])
             .args(["--eval-questions", "8", "--seed", "5"])
             // A model this small earns no reward: with dynamic sampling every group would be dropped.
             .args(["--dynamic-sampling", "false"])
