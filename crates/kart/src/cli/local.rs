@@ -93,7 +93,7 @@ pub struct LocalArgs {
     /// During the gold phase, one more fact-drill update after every this many gold updates:
     /// each gold trajectory is seen several times, and the fresh values of the drills between
     /// them keep the model looking values up rather than recalling them (0: none).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 2)]
     fact_drill_every: u64,
     /// Gold trajectories per warm-start update.
     #[arg(long, default_value_t = 8)]
