@@ -6,6 +6,8 @@
 //! - [`transformer`]: the decoder ([`CausalLm`]), loaded or randomly initialised, with a
 //!   [`KvCache`] for generation, over padded rows or packed sequences ([`Layout`]); generation
 //!   multiplies by weights packed once for oneDNN on the CPU (`prepacked`);
+//! - [`lora`]: LoRA adapters on the frozen base, switched off for the reference, merged for
+//!   engines, saved and loaded in PEFT's format;
 //! - [`recompute`]: activation checkpointing, decoder layers recomputed in the backward pass;
 //! - [`residency`]: decoder layers brought to the device only while they run, from CPU memory
 //!   ([`CausalLm::offload_layers`]) or gathered from sharded ranks;
@@ -20,6 +22,7 @@ pub mod embedded;
 pub mod error;
 pub mod kv_cache;
 pub mod logprobs;
+pub mod lora;
 mod offload;
 mod prepacked;
 pub mod recompute;

@@ -115,7 +115,11 @@ impl Recomputed<'_> {
                 });
                 grad = x.grad();
             }
-            vector_jacobian(&model.embed(&self.input_ids), &grad);
+            let embeddings = model.embed(&self.input_ids);
+            // A frozen base (LoRA) has no gradient to take at the embeddings.
+            if embeddings.requires_grad() {
+                vector_jacobian(&embeddings, &grad);
+            }
         });
     }
 }

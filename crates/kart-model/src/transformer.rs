@@ -19,11 +19,13 @@ use tch::{Device, Kind, Tensor};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
+use crate::lora::{self, Adaptable, Adapter, Adapters};
 use crate::offload::Offload;
 use crate::prepacked::{Kernels, Prepacked};
 use crate::residency::Residency;
 use crate::rope::{self, RotaryEmbedding};
 use crate::weights::Weights;
+use kart_core::config::lora::{LoraConfig, Projection};
 
 /// Registers `t` as the trainable variable with the dotted Hugging Face `name` (tch paths cannot hold
 /// dots in a variable name, so each dotted part becomes a sub-path).
@@ -37,17 +39,18 @@ fn var(p: &VarPath, name: &str, t: &Tensor) -> Tensor {
 }
 
 /// Takes the tensor `name` of the expected shape from the checkpoint and registers it as a variable.
-fn param(p: &VarPath, w: &mut Weights, name: &str, shape: &[i64]) -> Result<Tensor, ModelError> {
+pub(crate) fn param(p: &VarPath, w: &mut Weights, name: &str, shape: &[i64]) -> Result<Tensor, ModelError> {
     Ok(var(p, name, &w.take(name, shape)?))
 }
 
-/// A linear layer `x W^T + b`.
+/// A linear layer `x W^T + b`, with a LoRA adapter's update where one is attached.
 #[derive(Debug)]
 struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
     /// `weight` packed for generation's kernels.
     packed: Prepacked,
+    adapter: Option<Adapter>,
 }
 
 impl Linear {
@@ -61,7 +64,7 @@ impl Linear {
     ) -> Result<Self, ModelError> {
         let weight = param(p, w, &format!("{prefix}.weight"), &[out, inp])?;
         let bias = if bias { Some(param(p, w, &format!("{prefix}.bias"), &[out])?) } else { None };
-        Ok(Linear { weight, bias, packed: Prepacked::default() })
+        Ok(Linear { weight, bias, packed: Prepacked::default(), adapter: None })
     }
 
     fn forward(&self, x: &Tensor, kernels: Kernels) -> Tensor {
@@ -69,7 +72,11 @@ impl Linear {
             Kernels::Prepacked => self.packed.linear(x, &self.weight, self.bias.as_ref()),
             Kernels::Standard => None,
         };
-        packed.unwrap_or_else(|| x.linear(&self.weight, self.bias.as_ref()))
+        let y = packed.unwrap_or_else(|| x.linear(&self.weight, self.bias.as_ref()));
+        match &self.adapter {
+            Some(adapter) => adapter.add(x, y),
+            None => y,
+        }
     }
 }
 
@@ -280,6 +287,32 @@ impl DecoderLayer {
         })
     }
 
+    /// Its linear projection `p`.
+    fn projection_mut(&mut self, p: Projection) -> &mut Linear {
+        match p {
+            Projection::QProj => &mut self.self_attn.q_proj,
+            Projection::KProj => &mut self.self_attn.k_proj,
+            Projection::VProj => &mut self.self_attn.v_proj,
+            Projection::OProj => &mut self.self_attn.o_proj,
+            Projection::GateProj => &mut self.mlp.gate_proj,
+            Projection::UpProj => &mut self.mlp.up_proj,
+            Projection::DownProj => &mut self.mlp.down_proj,
+        }
+    }
+
+    /// Its linear projection `p`.
+    fn projection(&self, p: Projection) -> &Linear {
+        match p {
+            Projection::QProj => &self.self_attn.q_proj,
+            Projection::KProj => &self.self_attn.k_proj,
+            Projection::VProj => &self.self_attn.v_proj,
+            Projection::OProj => &self.self_attn.o_proj,
+            Projection::GateProj => &self.mlp.gate_proj,
+            Projection::UpProj => &self.mlp.up_proj,
+            Projection::DownProj => &self.mlp.down_proj,
+        }
+    }
+
     /// The block on `h` `(B, T, hidden)`: attention and MLP, each behind its norm and around a
     /// residual connection.
     pub(crate) fn forward(
@@ -322,6 +355,8 @@ pub struct CausalLm {
     rope: RotaryEmbedding,
     /// Where the decoder layers' weights live between uses (`None`: on the device).
     residency: Option<Box<dyn Residency>>,
+    /// LoRA adapters on the decoder's projections.
+    lora: Option<Adapters>,
 }
 
 impl CausalLm {
@@ -405,6 +440,7 @@ impl CausalLm {
             lm_head_packed: Prepacked::default(),
             rope,
             residency: None,
+            lora: None,
         })
     }
 
@@ -438,6 +474,58 @@ impl CausalLm {
         let mut named: Vec<_> = self.vs.variables().into_iter().collect();
         named.sort_by(|a, b| a.0.cmp(&b.0));
         named
+    }
+
+    /// Attaches fresh LoRA adapters of `config` (seeded; the model computes what it computed
+    /// until they are trained) and freezes the base: from now on only the adapters train.
+    pub fn attach_lora(&mut self, config: &LoraConfig, seed: u64) -> Result<(), ModelError> {
+        let device = self.device();
+        self.lora = Some(lora::attach(self, config, device, seed)?);
+        self.vs.freeze();
+        Ok(())
+    }
+
+    /// Attaches the LoRA adapters of the PEFT folder `dir` and freezes the base.
+    pub fn load_lora(&mut self, dir: &Path) -> Result<(), ModelError> {
+        let device = self.device();
+        self.lora = Some(lora::load(self, dir, device)?);
+        self.vs.freeze();
+        Ok(())
+    }
+
+    /// Its LoRA adapters, when attached.
+    pub fn lora(&self) -> Option<&Adapters> {
+        self.lora.as_ref()
+    }
+
+    /// The parameters under their Hugging Face names as [`Self::named_tensors`], with each
+    /// adapted projection's weight merged (`W + scaling · B A`, in the base's kind): the plain
+    /// model the adapted one computes, for engines that serve no adapters and for
+    /// `kart convert merge-lora`. Without adapters, the parameters themselves.
+    pub fn merged_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut named = self.named_tensors();
+        let Some(adapters) = &self.lora else { return named };
+        for &(layer, projection) in adapters.targets() {
+            let linear = self.layers[layer].projection(projection);
+            let adapter = linear.adapter.as_ref().expect("every target has its adapter");
+            let name = format!("model.layers.{layer}.{}.weight", projection.path());
+            let slot = named.iter_mut().find(|(n, _)| *n == name).expect("a target is a parameter");
+            slot.1 = lora::merged(&linear.weight, adapter);
+        }
+        named
+    }
+
+    /// Merges the adapters into the weights they adapt (`W + scaling · B A`) and drops them:
+    /// the plain model the adapted one computed, trainable again.
+    pub fn merge_lora(&mut self) {
+        let Some(adapters) = self.lora.take() else { return };
+        for &(layer, projection) in adapters.targets() {
+            let linear = self.layers[layer].projection_mut(projection);
+            let adapter = linear.adapter.take().expect("every target has its adapter");
+            let merged = lora::merged(&linear.weight, &adapter);
+            tch::no_grad(|| linear.weight.copy_(&merged));
+        }
+        self.vs.unfreeze();
     }
 
     /// A fresh cache for `batch` sequences.
@@ -624,6 +712,16 @@ impl CausalLm {
     /// The LM head's weight `(vocab, hidden)`.
     pub fn lm_head_weight(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+}
+
+impl Adaptable for CausalLm {
+    fn model_config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn set_adapter(&mut self, layer: usize, projection: Projection, adapter: Adapter) {
+        self.layers[layer].projection_mut(projection).adapter = Some(adapter);
     }
 }
 

@@ -88,20 +88,32 @@ impl Weights {
         let dir = dir.as_ref();
         let single = dir.join(SINGLE_FILE);
         let index = dir.join(INDEX_FILE);
-        let mut weights =
-            Weights { source: single.clone(), shards: Vec::new(), tensors: BTreeMap::new(), device, kind };
         if single.is_file() {
-            let (shard, metadata) = Shard::open(single)?;
-            for (name, info) in metadata.tensors() {
-                weights.insert(0, name, info.dtype, &info.shape, info.data_offsets);
-            }
-            weights.shards.push(shard);
-        } else if index.is_file() {
-            weights.source = index;
-            weights.load_shards(dir)?;
-        } else {
+            return Self::open(single, device, kind);
+        }
+        if !index.is_file() {
             return Err(FileError::Missing { path: single }.into());
         }
+        let mut weights =
+            Weights { source: index, shards: Vec::new(), tensors: BTreeMap::new(), device, kind };
+        weights.load_shards(dir)?;
+        Ok(weights)
+    }
+
+    /// Opens the single safetensors file `file` (a PEFT adapter's, say); tensors will be
+    /// returned as `kind` on `device`.
+    pub fn open(file: impl AsRef<Path>, device: Device, kind: Kind) -> Result<Self, ModelError> {
+        let file = file.as_ref().to_path_buf();
+        if !file.is_file() {
+            return Err(FileError::Missing { path: file }.into());
+        }
+        let mut weights =
+            Weights { source: file.clone(), shards: Vec::new(), tensors: BTreeMap::new(), device, kind };
+        let (shard, metadata) = Shard::open(file)?;
+        for (name, info) in metadata.tensors() {
+            weights.insert(0, name, info.dtype, &info.shape, info.data_offsets);
+        }
+        weights.shards.push(shard);
         Ok(weights)
     }
 

@@ -311,7 +311,7 @@ impl Broadcaster {
 
     /// Sends the policy's tensors through `formed`, bucket by bucket; returns the bytes sent.
     async fn send(&self, formed: &Formed, policy: &CausalLm, version: i64) -> Result<u64, SyncError> {
-        let mut tensors = policy.named_tensors();
+        let mut tensors = policy.merged_tensors();
         tensors.retain(|(name, _)| policy.config().stores(name));
         let buckets = buckets(
             tensors.iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()),

@@ -568,9 +568,13 @@ impl Trainer {
         Ok(eval::score(pool, &self.tokenizer, env, &self.test, &pass, None).await?)
     }
 
-    /// Writes the policy as a Hugging Face folder (tokenizer files from the base model).
+    /// Writes the policy as a Hugging Face folder (tokenizer files from the base model), or with
+    /// LoRA its adapters as a PEFT folder (on `model`, the base).
     fn save_policy(&self, dir: &Path) -> Result<(), ModelError> {
         let policy = &self.learner.policy;
+        if let Some(adapters) = policy.lora() {
+            return adapters.save(dir, &self.config.model.to_string_lossy());
+        }
         save_pretrained(
             dir,
             policy.config(),
@@ -797,7 +801,18 @@ fn connect(
     let timeout = Duration::from_secs_f64(config.rollout.timeout_secs);
     let retry_deadline = Duration::from_secs_f64(config.rollout.retry_deadline_secs);
     if urls.is_empty() {
-        let model = CausalLm::load(policy_dir, device)?;
+        let model = match config.lora {
+            // The engine serves the merged model: the base, with a checkpoint's adapters merged.
+            Some(_) => {
+                let mut model = CausalLm::load(&config.model, device)?;
+                if policy_dir != config.model {
+                    model.load_lora(policy_dir)?;
+                    model.merge_lora();
+                }
+                model
+            }
+            None => CausalLm::load(policy_dir, device)?,
+        };
         let engine =
             EmbeddedEngine::spawn(model, tokenizer.clone(), config.rollout.max_batch, version, config.seed);
         let local = config.rollout.index.as_deref().map(open_index).transpose()?;

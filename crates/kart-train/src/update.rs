@@ -17,6 +17,7 @@ use kart_core::rl::advantage::{grpo_advantages, rloo_advantages};
 use kart_core::rl::kl::KlEstimator;
 use kart_core::rl::kl_ctrl::KlController;
 use kart_core::rl::loss::{Matrix, PolicyClip};
+use kart_model::lora::AdapterMode;
 use kart_model::{CausalLm, ModelError};
 use kart_torch::DistError;
 use std::path::PathBuf;
@@ -51,8 +52,11 @@ pub struct OptimizerStates {
 pub struct Learner {
     pub policy: CausalLm,
     pub optimizer: Optimizer,
-    /// The frozen reference policy of the KL loss and of the KL penalty in the reward.
+    /// The frozen reference policy of the KL loss and of the KL penalty in the reward, when it
+    /// is a model of its own.
     pub reference: Option<CausalLm>,
+    /// The reference is the policy's base, its LoRA adapters switched off (no second model).
+    base_reference: bool,
     /// The critic and its optimiser (PPO).
     pub critic: Option<(Critic, Optimizer)>,
     /// The coefficient of the KL penalty in the reward (`algorithm.kl_in_reward`).
@@ -61,6 +65,11 @@ pub struct Learner {
     pub parallel: Option<DataParallel>,
     /// Where the layer gatherings of `sharding: full` leave a failed collective.
     fault: Fault,
+}
+
+/// Whether the run scores a reference policy: for the KL loss or the KL penalty in the reward.
+fn wants_reference(config: &TrainConfig) -> bool {
+    config.algorithm.kl_loss.is_some() || config.algorithm.kl_in_reward
 }
 
 /// The kind of the parameters and compute for `precision` (unset: bf16 on CUDA, f32 on the CPU).
@@ -97,8 +106,20 @@ impl Learner {
     ) -> Result<Learner, LearnerError> {
         let policy_dir = checkpoint.map_or_else(|| config.model.clone(), Loaded::policy_dir);
         let kind = parameter_kind(config.precision, device);
-        let policy = CausalLm::load_as(&policy_dir, device, Kind::Float)?;
-        let reference = match config.algorithm.kl_loss.is_some() || config.algorithm.kl_in_reward {
+        let policy = match &config.lora {
+            None => CausalLm::load_as(&policy_dir, device, Kind::Float)?,
+            // The frozen base in the run's kind, the adapters (a checkpoint's, or fresh) in f32.
+            Some(lora) => {
+                let mut policy = CausalLm::load_as(&config.model, device, kind)?;
+                match checkpoint {
+                    Some(_) => policy.load_lora(&policy_dir)?,
+                    None => policy.attach_lora(lora, config.seed)?,
+                }
+                policy
+            }
+        };
+        // With LoRA the reference is the policy's base, its adapters switched off.
+        let reference = match wants_reference(config) && config.lora.is_none() {
             true => {
                 let mut r = CausalLm::load_as(&config.model, device, kind)?;
                 r.var_store_mut().freeze();
@@ -156,7 +177,8 @@ impl Learner {
         let fault = Fault::default();
         let optimizer = |model: &mut CausalLm,
                          params: Vec<(String, Tensor)>,
-                         optim: &OptimConfig|
+                         optim: &OptimConfig,
+                         kind: Kind|
          -> Result<Optimizer, DistError> {
             let Some(p) = &parallel else {
                 return Ok(Optimizer::Replicated(AdamW::mixed(params, optim.clone(), kind)));
@@ -173,12 +195,16 @@ impl Learner {
                 }
             })
         };
-        let params = policy.named_tensors();
-        let policy_optimizer = optimizer(&mut policy, params, &config.optim)?;
+        // With LoRA only the adapters train, and they stay f32 beside a base of `kind`.
+        let (params, policy_kind) = match policy.lora() {
+            Some(adapters) => (adapters.named_tensors(), Kind::Float),
+            None => (policy.named_tensors(), kind),
+        };
+        let policy_optimizer = optimizer(&mut policy, params, &config.optim, policy_kind)?;
         let critic = match critic {
             Some(mut critic) => {
                 let params = critic.parameters();
-                let opt = optimizer(&mut critic.model, params, &config.critic.optim)?;
+                let opt = optimizer(&mut critic.model, params, &config.critic.optim, kind)?;
                 Some((critic, opt))
             }
             None => None,
@@ -190,8 +216,17 @@ impl Learner {
             r.set_residency(Box::new(shards));
         }
         let kl_ctrl = config.algorithm.kl_in_reward.then(|| KlController::new(config.algorithm.kl_ctrl));
-        let learner =
-            Learner { policy, optimizer: policy_optimizer, reference, critic, kl_ctrl, parallel, fault };
+        let base_reference = policy.lora().is_some() && wants_reference(config);
+        let learner = Learner {
+            policy,
+            optimizer: policy_optimizer,
+            reference,
+            base_reference,
+            critic,
+            kl_ctrl,
+            parallel,
+            fault,
+        };
         learner.gather_trained()?;
         Ok(learner)
     }
@@ -214,6 +249,11 @@ impl Learner {
         if let Some((critic, _)) = &self.critic {
             critic.model.release_layers();
         }
+    }
+
+    /// Whether a reference policy is scored (a model of its own, or the policy's base).
+    fn has_reference(&self) -> bool {
+        self.reference.is_some() || self.base_reference
     }
 
     /// The device the policy lives on.
@@ -288,6 +328,11 @@ impl Learner {
                 mb.scatter(samples, Field::OldLogprobs, &old);
                 if let Some(reference) = &self.reference {
                     let (r, _) = mb.logprobs(reference, &mb.hidden(reference), temperature, false);
+                    mb.scatter(samples, Field::RefLogprobs, &r);
+                }
+                if let Some(adapters) = self.policy.lora().filter(|_| self.base_reference) {
+                    let _base = adapters.scoped(AdapterMode::Off);
+                    let (r, _) = mb.logprobs(&self.policy, &mb.hidden(&self.policy), temperature, false);
                     mb.scatter(samples, Field::RefLogprobs, &r);
                 }
                 if let Some((critic, _)) = &self.critic {
@@ -368,6 +413,8 @@ impl Learner {
         };
         let temperature = config.rollout.sampling.temperature;
         self.optimizer.zero_grad();
+        // LoRA's dropout is on in this pass alone.
+        let _train = self.policy.lora().map(|adapters| adapters.scoped(AdapterMode::Train));
         let split = MicroBatching::of(&config.batch);
         let micros = split.split(samples, &self.share(samples, rows));
         Self::catch_up(&self.policy, &mut self.optimizer, self.parallel.as_ref(), micros.len())?;
@@ -404,7 +451,7 @@ impl Learner {
             if let Some(entropy) = &entropy {
                 loss -= a.entropy_coef * losses::agg_loss(entropy, &mb.mask, a.loss_agg_mode, norm);
             }
-            if let (Some(estimator), true) = (a.kl_loss, self.reference.is_some()) {
+            if let (Some(estimator), true) = (a.kl_loss, self.has_reference()) {
                 let reference = mb.gather(samples, Field::RefLogprobs);
                 let kl = losses::kl_penalty(&lp, &reference, estimator);
                 let kl = losses::agg_loss(&kl, &mb.mask, a.loss_agg_mode, norm);
@@ -955,6 +1002,49 @@ mod tests {
             .zip(b)
             .map(|((name, x), (_, y))| ((x - y).abs().max().double_value(&[]), name.clone()))
             .fold((0.0, String::new()), |m, d| if d.0 > m.0 { d } else { m })
+    }
+
+    /// With LoRA a step trains the adapters alone (f32 beside a bf16 base, which stays bit for
+    /// bit), and the reference is the base itself: no second model, and the KL to it starts at
+    /// zero and grows as the adapters move.
+    #[test]
+    fn lora_trains_the_adapters_alone_against_the_base() {
+        use kart_core::config::lora::{AllLinear, LoraConfig, TargetModules};
+        let lora = LoraConfig {
+            r: 4,
+            lora_alpha: 8.0,
+            target_modules: TargetModules::AllLinear(AllLinear::AllLinear),
+            ..LoraConfig::default()
+        };
+        let config = TrainConfig {
+            model: kart_testing::model("tiny-qwen2"),
+            lora: Some(lora),
+            precision: Some(Precision::Bf16),
+            ..config(AdvantageEstimator::Grpo)
+        };
+        let mut learner = Learner::load(&config, None, Device::Cpu, None).unwrap();
+        assert!(learner.reference.is_none() && learner.has_reference(), "the base is the reference");
+        let base: Vec<Tensor> = learner.policy.named_tensors().iter().map(|(_, t)| t.copy()).collect();
+        assert!(base.iter().all(|t| t.kind() == Kind::BFloat16));
+        let adapters = learner.policy.lora().unwrap().named_tensors();
+        assert!(adapters.iter().all(|(_, t)| t.kind() == Kind::Float));
+        assert_eq!(learner.optimizer.parameters().len(), adapters.len(), "only the adapters train");
+        let kl = |r: &StepRecord| r.get(&keys::ACTOR_KL).unwrap();
+        let records: Vec<StepRecord> =
+            (0..3).map(|step| learner.step(&mut samples(30), &config, step).unwrap()).collect();
+        for ((name, t), start) in learner.policy.named_tensors().iter().zip(&base) {
+            assert!(t.equal(start), "{name} of the frozen base moved");
+        }
+        let moved = adapters
+            .iter()
+            .filter(|(n, _)| n.contains("lora_B"))
+            .map(|(_, t)| t.abs().max().double_value(&[]));
+        assert!(moved.fold(0.0, f64::max) > 0.0, "B moved off zero");
+        assert!(
+            kl(&records[2]) > kl(&records[0]) && kl(&records[2]) > 0.0,
+            "KL {:?}",
+            records.iter().map(kl).collect::<Vec<_>>()
+        );
     }
 
     /// A reference kept in CPU memory layer by layer (`reference.offload`) gives the step the

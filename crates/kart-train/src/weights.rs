@@ -75,7 +75,7 @@ pub(crate) const UPDATE_RETRY: RetryPolicy = RetryPolicy { retries: 2, backoff_m
 /// How long one replica may take to load a version.
 pub(crate) const UPDATE_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Bytes of the policy's tensors.
+/// Bytes of the policy's tensors (with LoRA, of the merged model it publishes).
 pub(crate) fn tensor_bytes(policy: &CausalLm) -> u64 {
     policy.named_tensors().iter().map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum()
 }
@@ -181,14 +181,14 @@ impl Publisher {
         Publisher::Disk { server, path, urls, source_dir, interrupt }
     }
 
-    /// Publishes the policy's weights as `version`; returns when every engine uses them (for HTTP
+    /// Publishes the policy's weights as `version` (with LoRA, its adapters merged into them); returns when every engine uses them (for HTTP
     /// pull: when they are served and one worker per rollout URL that took the push uses them).
     pub async fn publish(&self, policy: &CausalLm, version: i64) -> Result<Published, SyncError> {
         let bytes = tensor_bytes(policy);
         match self {
             Publisher::InProcess(engine) => {
                 let tensors = tch::no_grad(|| {
-                    policy.named_tensors().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
+                    policy.merged_tensors().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
                 });
                 engine.load_tensors(tensors, version).await?;
                 Ok(Published { replicas: 1, bytes })
@@ -217,7 +217,7 @@ impl Publisher {
             }
             Publisher::Disk { server, path, urls, source_dir, interrupt } => {
                 let folder = path.join(format!("v{version}"));
-                let tensors = policy.named_tensors();
+                let tensors = policy.merged_tensors();
                 save_pretrained(&folder, policy.config(), &tensors, Some(source_dir), policy.kind())
                     .map_err(|source| SyncError::Write { version, source })?;
                 let replicas = replicas::resolve(urls).await?;
@@ -349,7 +349,7 @@ fn write_safetensors(policy: &CausalLm, file: &Path) -> Result<(), ModelError> {
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir).map_err(FileError::io(dir))?;
     }
-    let tensors = policy.named_tensors();
+    let tensors = policy.merged_tensors();
     save_safetensors(file, tensors.iter().map(|(n, t)| (n.as_str(), t)), policy.kind())
 }
 

@@ -9,7 +9,8 @@
 //!   struct, so a field of the wrong variant is still rejected, as a `ValidationFailed` condition);
 //! - documented unit enums (`oneOf` of `const`s) become string `enum`s; `Option`s become
 //!   `nullable`;
-//! - free-form JSON (`serde_json::Value`) becomes `x-kubernetes-preserve-unknown-fields`;
+//! - free-form JSON (`serde_json::Value`), and a union of variants of different types, becomes
+//!   `x-kubernetes-preserve-unknown-fields`;
 //! - `default`s are dropped: the worker applies its serde defaults when it reads the rendered
 //!   config (one definition of them), and some depend on the machine (the sandbox's concurrency).
 
@@ -106,6 +107,13 @@ fn structural(node: &mut Value) {
 /// Folds the (already structural) variants of a `oneOf`/`anyOf` into `o`: a single variant is
 /// merged in; several are merged property by property, string enums united.
 fn merge_variants(o: &mut Map<String, Value>, variants: Vec<Value>) {
+    // Variants of different types (LoRA's `target_modules`: `all-linear` or a list) are left open
+    // to any value, and the worker's own parsing of the config checks it.
+    let types: Vec<Option<&Value>> = variants.iter().map(|v| v.get("type")).collect();
+    if types.windows(2).any(|pair| pair[0] != pair[1]) {
+        o.insert("x-kubernetes-preserve-unknown-fields".into(), Value::Bool(true));
+        return;
+    }
     let mut required: Option<Vec<Value>> = None;
     for variant in variants {
         let Value::Object(mut v) = variant else { continue };

@@ -5,6 +5,7 @@
 
 pub mod env;
 pub mod functions;
+pub mod lora;
 pub mod memory;
 pub mod overrides;
 pub mod retriever;

@@ -4,6 +4,7 @@
 
 use super::ConfigError;
 use super::env::EnvConfig;
+use super::lora::LoraConfig;
 use super::memory::{Precision, ReferenceConfig, Sharding};
 use super::rollout::ContextConfig;
 use crate::rl::kl::KlEstimator;
@@ -63,6 +64,10 @@ pub struct TrainConfig {
     pub sharding: Sharding,
     /// The reference policy of the KL loss.
     pub reference: ReferenceConfig,
+    /// Train LoRA adapters on the frozen `model` instead of all its weights; the reference
+    /// policy is then the base with the adapters switched off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 /// How the ranks of a data-parallel run talk.
@@ -120,6 +125,7 @@ impl Default for TrainConfig {
             activation_checkpointing: false,
             sharding: Sharding::None,
             reference: ReferenceConfig::default(),
+            lora: None,
         }
     }
 }
@@ -878,6 +884,24 @@ impl TrainConfig {
                 &"null",
                 "an in-process pool needs rollout.index or rollout.retriever_url (or set rollout.urls)",
             );
+        }
+        if let Some(lora) = &self.lora {
+            lora.validate().map_err(|e| e.within("lora"))?;
+            if self.sharding == Sharding::Full {
+                // The frozen base is replicated on every rank: the ranks shard only what trains.
+                return err(
+                    "sharding",
+                    &"full",
+                    "LoRA trains adapters on a replicated base: use none, optimizer or gradients",
+                );
+            }
+            if lora.lora_dropout > 0.0 && self.activation_checkpointing {
+                return err(
+                    "lora.lora_dropout",
+                    &lora.lora_dropout,
+                    "activation_checkpointing recomputes each layer, and would draw other dropout masks the second time: set it to 0",
+                );
+            }
         }
         self.rollout.env.validate().map_err(|e| e.within("rollout.env"))?;
         self.rollout.context.validate().map_err(|e| e.within("rollout"))

@@ -35,7 +35,8 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::Command),
     Conformance(conformance::Args),
-    /// Convert another stack's run into kart's config (a verl / Search-R1 command line)
+    /// Convert another stack's run into kart's config (a verl / Search-R1 command line), or
+    /// merge a LoRA adapter into its base model
     #[command(subcommand)]
     Convert(convert::Command),
     /// Prepare training data: Search-R1 parquet, ASearcher and TIR JSON lines, merged files

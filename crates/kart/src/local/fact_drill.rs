@@ -11,7 +11,10 @@
 //! [`DOCS`] facts read from them in the words of the gold reasoning ("The birthplace of X is Y."),
 //! in another order. The made-up values are drawn afresh for every drill, so copying them is the
 //! only way to predict them, and the names are pairs of the world's name words that no entity
-//! has, so no drill states anything about a held-out entity.
+//! has, so no drill states anything about a held-out entity. As in the agent's search results,
+//! the first entity's namesakes are beside it: one shares its last name word, one its first, so
+//! the lookup has to match the whole name (a drill whose names share nothing is answered by
+//! matching any one word, which the agent's searches, full of namesakes, punish).
 
 use super::gold::capitalised;
 use super::rng::Rng;
@@ -43,9 +46,12 @@ pub fn fact_drills(
     let mut rng = Rng::stream(seed, "fact drills");
     (0..count)
         .map(|k| {
-            let mut entities: Vec<MadeUp> = Vec::with_capacity(DOCS);
+            let first = MadeUp::draw(world, None, &mut rng);
+            let mut entities: Vec<MadeUp> = vec![first];
             while entities.len() < DOCS {
-                let entity = MadeUp::draw(world, &mut rng);
+                // Alternately its first and its last name word, as a search for it returns them.
+                let keep = if entities.len() % 2 == 1 { Keep::Last } else { Keep::First };
+                let entity = MadeUp::draw(world, Some((&entities[0], keep)), &mut rng);
                 if entities.iter().all(|e| e.name() != entity.name()) {
                     entities.push(entity);
                 }
@@ -76,12 +82,24 @@ enum MadeUp {
     Company(Company),
 }
 
+/// Which name word a drill's distractor shares with its first entity.
+#[derive(Clone, Copy)]
+enum Keep {
+    First,
+    Last,
+}
+
 impl MadeUp {
     /// A person or a company, in the world's proportion of them, named by a pair of the world's
-    /// name words that no entity has (where the attempts find one).
-    fn draw(world: &World, rng: &mut Rng) -> MadeUp {
+    /// name words that no entity has (where the attempts find one). With `like`, one of the
+    /// same kind that shares a name word with it: a search for a name returns the passages of
+    /// namesakes too, so the drill's lookup has to match the whole name, as the agent's has.
+    fn draw(world: &World, like: Option<(&MadeUp, Keep)>, rng: &mut Rng) -> MadeUp {
         let (persons, companies) = (world.persons.len(), world.companies.len());
-        let is_person = rng.below(persons + companies) < persons;
+        let is_person = match like {
+            Some((entity, _)) => matches!(entity, MadeUp::Person(_)),
+            None => rng.below(persons + companies) < persons,
+        };
         let name_of = |i: usize| match is_person {
             true => world.persons[i].name.as_str(),
             false => world.companies[i].name.as_str(),
@@ -92,6 +110,11 @@ impl MadeUp {
             let (first, last) = (name_of(rng.below(n)), name_of(rng.below(n)));
             let first = first.split_once(' ').map_or(first, |(f, _)| f);
             let last = last.rsplit_once(' ').map_or(last, |(_, l)| l);
+            let (first, last) = match like.map(|(e, keep)| (e.name().split_once(' '), keep)) {
+                Some((Some((kept, _)), Keep::First)) => (kept, last),
+                Some((Some((_, kept)), Keep::Last)) => (first, kept),
+                _ => (first, last),
+            };
             name = format!("{first} {last}");
             if world.entity(&name).is_none() {
                 break;
@@ -163,6 +186,14 @@ mod tests {
             let prompt = tokenizer.decode(&drill.token_ids()[..drill.prompt_len()], false).unwrap();
             let response = tokenizer.decode(drill.response_ids(), false).unwrap();
             assert_eq!(prompt.matches("Doc ").count(), DOCS, "{prompt}");
+            // The first entity's namesakes: one shares its last name word, one its first.
+            let titles: Vec<(&str, &str)> = prompt
+                .split("(Title: \"")
+                .skip(1)
+                .map(|t| t.split_once('"').unwrap().0.split_once(' ').unwrap())
+                .collect();
+            assert_eq!((titles[1].1, titles[2].0), (titles[0].1, titles[0].0), "{prompt}");
+            assert!(titles[1].0 != titles[0].0 && titles[2].1 != titles[0].1, "{prompt}");
             let facts: Vec<&str> = response.split_terminator('.').map(str::trim).collect();
             assert_eq!(facts.len(), DOCS, "{response}");
             for f in facts {
