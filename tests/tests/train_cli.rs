@@ -233,3 +233,44 @@ fn overrides_on_the_command_line_change_the_config() {
     assert!(!ok && err.contains("override = lr: expected key=value"), "{err}");
     assert!(!out.exists(), "nothing ran");
 }
+
+/// LoRA through `kart train`: checkpoints and `model/` hold the adapters as a PEFT folder (not a
+/// copy of the model), the worker serves every version (the merged weights), and a run killed
+/// after its first checkpoint resumes from the adapters it saved.
+#[test]
+fn a_lora_run_checkpoints_its_adapters_and_resumes_from_them() {
+    let dir = fresh_dir("kart-train-lora");
+    let services = start_services(&dir);
+    let out = dir.join("run");
+    let path = train_config(&dir, &services, &out);
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["lora"] = json!({"r": 4, "lora_alpha": 8, "target_modules": "all-linear"});
+    std::fs::write(&path, config.to_string()).unwrap();
+
+    let mut first = Child(train(&path, false).spawn().unwrap());
+    let checkpoint = out.join("checkpoints/step-00000002");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !checkpoint.join("trainer_state.json").is_file() {
+        assert!(first.0.try_wait().unwrap().is_none(), "the run ended before its first checkpoint");
+        assert!(Instant::now() < deadline, "no checkpoint within 300 s");
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    let adapter = |dir: &Path| std::fs::read(dir.join("adapter_model.safetensors")).unwrap();
+    let saved = checkpoint.join("policy");
+    let peft: Value =
+        serde_json::from_str(&std::fs::read_to_string(saved.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!((peft["peft_type"].as_str(), peft["r"].as_u64()), (Some("LORA"), Some(4)));
+    assert!(!saved.join("model.safetensors").exists(), "a checkpoint holds the adapters, not the model");
+
+    let status = train(&path, true).status().unwrap();
+    assert!(status.success(), "the resumed run failed: {status}");
+    assert_eq!(steps_logged(&out), vec![0, 1, 2, 3, 4]);
+    let last = out.join("checkpoints/step-00000004/policy");
+    assert_ne!(adapter(&last), adapter(&saved), "the resumed run trained the adapters on");
+    assert_eq!(adapter(&out.join("model")), adapter(&last), "model/ is the last adapter");
+    let metrics =
+        kart_tests::http().get(format!("{}/metrics", services.worker_url)).send().unwrap().text().unwrap();
+    assert!(metrics.contains(&format!("kart_rollout_policy_version {STEPS}")), "{metrics}");
+}

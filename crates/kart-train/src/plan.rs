@@ -78,6 +78,7 @@ use kart_core::config::memory::{Precision, Sharding};
 use kart_core::config::train::{AdvantageEstimator, TrainConfig};
 use kart_model::ModelConfig;
 use kart_model::logprobs::DEFAULT_CHUNK;
+use kart_model::lora::Adapters;
 use kart_model::transformer::parameter_count;
 use serde::Serialize;
 
@@ -311,6 +312,9 @@ pub fn plan(w: &Workload<'_>) -> Result<MemoryPlan, ConfigError> {
     if config.sharding == Sharding::Full && !config.activation_checkpointing {
         return Err(ConfigError::new("sharding", "full", "needs activation_checkpointing: true"));
     }
+    if config.sharding == Sharding::Full && config.lora.is_some() {
+        return Err(ConfigError::new("sharding", "full", "LoRA trains adapters on a replicated base"));
+    }
     let (tokens, rows, packed) = match MicroBatching::of(&config.batch) {
         MicroBatching::Padded { size } => {
             let rows = positive("batch.micro_batch_size", size)?;
@@ -380,14 +384,28 @@ pub fn plan(w: &Workload<'_>) -> Result<MemoryPlan, ConfigError> {
         Sharding::Full => c * all - states.weights(all, layer, outer) + critic_layers,
         _ => 0,
     };
-    let parts = Parts {
-        weights: states.weights(all, layer, outer),
-        gradients,
-        optimizer: states.optimizer(all),
-        reference,
-        critic,
-        activations,
-        engine,
+    let parts = match config.lora.as_ref().map(|lora| Adapters::parameter_count(lora, w.model)) {
+        None => Parts {
+            weights: states.weights(all, layer, outer),
+            gradients,
+            optimizer: states.optimizer(all),
+            reference,
+            critic,
+            activations,
+            engine,
+        },
+        // LoRA: the frozen base replicated in the compute kind beside f32 adapters, which alone
+        // have gradients and AdamW's two moments (f32, so no masters); the reference is the
+        // base itself.
+        Some(adapters) => Parts {
+            weights: c * all + 4 * adapters,
+            gradients: 4 * adapters,
+            optimizer: 8 * adapters,
+            reference: 0,
+            critic,
+            activations,
+            engine,
+        },
     };
     Ok(MemoryPlan {
         world_size: world as usize,
@@ -546,6 +564,41 @@ mod tests {
         let offloaded = plan_of(&c, 1).parts;
         assert_eq!(offloaded.reference, 2 * 1000 * 64, "the LM head, the largest unit");
         assert_eq!(offloaded.weights, resident.parts.weights);
+    }
+
+    /// LoRA: the base in bf16 beside f32 adapters, which alone have gradients and optimiser
+    /// state; no second copy for the reference.
+    #[test]
+    fn lora_counts_the_adapters_states_and_no_reference() {
+        use kart_core::config::lora::{AllLinear, LoraConfig, TargetModules};
+        let mut c = config();
+        c.algorithm.kl_loss = Some(kart_core::rl::kl::KlEstimator::LowVarKl);
+        let full = plan_of(&c, 1);
+        let lora = LoraConfig {
+            r: 8,
+            target_modules: TargetModules::AllLinear(AllLinear::AllLinear),
+            ..Default::default()
+        };
+        c.lora = Some(lora);
+        let adapted = plan_of(&c, 1);
+        // r (in + out) per projection: q, k, v, o, gate, up, down of 4 layers.
+        let adapters = 4 * 8 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 160));
+        assert_eq!(adapted.parts.weights, 2 * adapted.parameters + 4 * adapters);
+        assert_eq!((adapted.parts.gradients, adapted.parts.optimizer), (4 * adapters, 8 * adapters));
+        assert_eq!(adapted.parts.reference, 0);
+        assert_eq!(adapted.parts.activations, full.parts.activations);
+        assert!(full.parts.optimizer > 10 * adapted.parts.optimizer);
+        c.sharding = Sharding::Full;
+        c.activation_checkpointing = true;
+        let e = plan(&Workload {
+            model: &model(),
+            config: &c,
+            nodes: 1,
+            gpus_per_node: 2,
+            seq_len: 256,
+            response_len: 192,
+        });
+        assert!(e.unwrap_err().to_string().starts_with("sharding = full"));
     }
 
     #[test]
