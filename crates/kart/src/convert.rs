@@ -70,6 +70,10 @@ fn rule(key: &str) -> Option<Rule> {
         "algorithm.no_think_rl" => Only(json!(false), "kart trains the whole response"),
         "actor_rollout_ref.model.path" => Set("model"),
         "actor_rollout_ref.model.enable_gradient_checkpointing" => Set("activation_checkpointing"),
+        "actor_rollout_ref.model.lora_rank" => Note("read with lora_alpha and target_modules: kart's lora"),
+        "actor_rollout_ref.model.lora_alpha" | "actor_rollout_ref.model.target_modules" => {
+            Note("read with lora_rank: kart's lora")
+        }
         "actor_rollout_ref.model.use_remove_padding" => Only(json!(true), "kart never pads sequences"),
         "actor_rollout_ref.actor.optim.lr" => Set("optim.lr"),
         "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio" => Set("optim.warmup_ratio"),
@@ -187,6 +191,14 @@ pub fn verl(args: &[String]) -> Converted {
     // Search-R1's verl puts the KL in the reward (at `kl_ctrl.kl_coef`) when it is not a loss.
     if !kl_loss && get("algorithm.use_kl_in_reward").is_none() && get("algorithm.kl_ctrl.kl_coef").is_some() {
         sets.push(("algorithm.kl_in_reward".into(), json!(true)));
+    }
+    // verl trains LoRA adapters when `lora_rank` > 0 (alpha 16 and all-linear by default).
+    if get("actor_rollout_ref.model.lora_rank").and_then(|r| r.as_u64()).is_some_and(|r| r > 0) {
+        let model =
+            |key: &str, default: Value| get(&format!("actor_rollout_ref.model.{key}")).unwrap_or(default);
+        sets.push(("lora.r".into(), model("lora_rank", json!(0))));
+        sets.push(("lora.lora_alpha".into(), model("lora_alpha", json!(16))));
+        sets.push(("lora.target_modules".into(), model("target_modules", json!("all-linear"))));
     }
     if let Some(ratio) = get("actor_rollout_ref.actor.clip_ratio") {
         for side in ["low", "high"] {
@@ -346,6 +358,32 @@ mod tests {
         assert_eq!(
             (&config["critic"]["optim"]["lr"], &config["critic"]["optim"]["warmup_ratio"]),
             (&json!(1e-5), &json!(0.015))
+        );
+    }
+
+    #[test]
+    fn verls_lora_keys_become_karts_lora() {
+        let line = "data.train_files=t.parquet actor_rollout_ref.model.path=m trainer.total_training_steps=5 \
+                    retriever.url=http://r:8000/retrieve";
+        let lora = |extra: &str| {
+            let c = verl(&args(&format!("{line} {extra}")));
+            assert!(c.refused.is_empty(), "{:?}", c.refused);
+            serde_json::to_value(c.config.unwrap()).unwrap()["lora"].clone()
+        };
+        assert_eq!(lora(""), Value::Null);
+        assert_eq!(lora("actor_rollout_ref.model.lora_rank=0"), Value::Null);
+        let l = lora("actor_rollout_ref.model.lora_rank=32");
+        assert_eq!(
+            (&l["r"], &l["lora_alpha"], &l["target_modules"]),
+            (&json!(32), &json!(16.0), &json!("all-linear"))
+        );
+        let l = lora(
+            "actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora_alpha=32 \
+             actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+        );
+        assert_eq!(
+            (&l["r"], &l["lora_alpha"], &l["target_modules"]),
+            (&json!(8), &json!(32.0), &json!(["q_proj", "v_proj"]))
         );
     }
 
