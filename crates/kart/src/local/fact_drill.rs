@@ -48,11 +48,16 @@ pub fn fact_drills(
         .map(|k| {
             let first = MadeUp::draw(world, None, &mut rng);
             let mut entities: Vec<MadeUp> = vec![first];
-            while entities.len() < DOCS {
+            // A world too small for namesakes (or for distinct names at all) ends the search.
+            for tries in 1.. {
+                if entities.len() == DOCS {
+                    break;
+                }
                 // Alternately its first and its last name word, as a search for it returns them.
                 let keep = if entities.len() % 2 == 1 { Keep::Last } else { Keep::First };
-                let entity = MadeUp::draw(world, Some((&entities[0], keep)), &mut rng);
-                if entities.iter().all(|e| e.name() != entity.name()) {
+                let like = (tries <= NAME_ATTEMPTS).then(|| (&entities[0], keep));
+                let entity = MadeUp::draw(world, like, &mut rng);
+                if tries > 2 * NAME_ATTEMPTS || entities.iter().all(|e| e.name() != entity.name()) {
                     entities.push(entity);
                 }
             }
