@@ -470,6 +470,18 @@ mod tests {
         assert_eq!(max_diff(&logits(&m), &adapted), 0.0);
     }
 
+    /// `lora_dropout` acts in the training mode alone.
+    #[test]
+    fn dropout_acts_only_while_training() {
+        let mut m = model();
+        m.attach_lora(&LoraConfig { lora_dropout: 0.5, ..all_linear(4) }, 5).unwrap();
+        perturb(&m);
+        let on = logits(&m);
+        assert_eq!(max_diff(&logits(&m), &on), 0.0, "no dropout outside training");
+        let _train = m.lora().unwrap().scoped(AdapterMode::Train);
+        assert!(max_diff(&logits(&m), &on) > 1e-4, "dropout changes the training pass");
+    }
+
     #[test]
     fn merged_weights_compute_what_the_adapters_do() {
         let mut m = model();
