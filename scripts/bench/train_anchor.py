@@ -3,12 +3,15 @@ on one process or data-parallel under torchrun (DistributedDataParallel over Glo
 NCCL on CUDA).
 
 Usage: torchrun --nproc-per-node N train_anchor.py MODEL_DIR BATCH_JSON STEPS OUT_JSON DEVICE \
-           [PRECISION [CHECKPOINTING]]
+           [PRECISION [CHECKPOINTING [TRAINED]]]
 
 Every rank loads MODEL_DIR twice (the policy and the frozen reference; f32 weights,
 OMP_NUM_THREADS threads), computes in PRECISION (`f32`, the default, or `bf16`: autocast to
 bfloat16 over the f32 weights), with transformers' gradient checkpointing when CHECKPOINTING is
-`checkpointing` (`keep`, the default, keeps the activations), and reads the global batch
+`checkpointing` (`keep`, the default, keeps the activations). TRAINED is `full` (the default:
+every weight) or `lora:R`: PEFT's LoRA adapters of rank R on every linear projection (alpha 2R,
+no dropout) over the base loaded once, which with its adapters disabled is the reference; only
+the adapters get gradients, clipping and AdamW. Each rank reads the global batch
 
   {"input_ids": [[int]], "prompt_len": int, "rewards": [float], "groups": [int]}
 
@@ -62,6 +65,7 @@ def grpo_advantages(rewards, groups):
 
 
 def step(policy, trained, reference, optimizer, batch, rank, world, device, precision):
+    """One GRPO step; `reference` is a model, or a context in which `policy` is the reference."""
     rows = slice(rank, None, world)
     all_ids = torch.tensor(batch["input_ids"])
     ids = all_ids[rows].to(device)
@@ -73,7 +77,11 @@ def step(policy, trained, reference, optimizer, batch, rank, world, device, prec
     scale = world / tokens
     with precision(), torch.no_grad():
         old, entropy = logprobs(policy, ids, start, with_entropy=True)
-        ref = logprobs(reference, ids, start)
+        if isinstance(reference, torch.nn.Module):
+            ref = logprobs(reference, ids, start)
+        else:
+            with reference():
+                ref = logprobs(policy, ids, start)
     with precision():
         new = logprobs(trained, ids, start)
     ratio = torch.exp(torch.clamp(new - old, -20.0, 20.0))
@@ -84,7 +92,7 @@ def step(policy, trained, reference, optimizer, batch, rank, world, device, prec
     kl = torch.clamp(torch.exp(d) - d - 1, -10.0, 10.0).sum() * scale
     loss = pg_loss + 0.001 * kl
     loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     logged = torch.stack([entropy.sum() / tokens, kl.detach() / world, pg_loss.detach() / world])
@@ -94,7 +102,7 @@ def step(policy, trained, reference, optimizer, batch, rank, world, device, prec
             "grad_norm": grad_norm.item()}
 
 
-def main(model_dir, batch_path, steps, out, device_kind, precision="f32", checkpointing="keep"):
+def main(model_dir, batch_path, steps, out, device_kind, precision="f32", checkpointing="keep", trained_part="full"):
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if device_kind == "cuda" else torch.device("cpu")
@@ -104,17 +112,26 @@ def main(model_dir, batch_path, steps, out, device_kind, precision="f32", checkp
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     transformers.utils.logging.disable_progress_bar()
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
-    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     if checkpointing == "checkpointing":
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if trained_part.startswith("lora:"):
+        import peft
+
+        r = int(trained_part.removeprefix("lora:"))
+        config = peft.LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules="all-linear")
+        policy = peft.get_peft_model(policy, config)
+        reference = policy.disable_adapter
+    else:
+        reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+        reference.eval().requires_grad_(False)
     policy.train()
-    reference.eval().requires_grad_(False)
     if precision == "bf16":
         autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16)  # noqa: E731
     else:
         autocast = contextlib.nullcontext
     trained = DistributedDataParallel(policy, device_ids=[device] if device.type == "cuda" else None) if world > 1 else policy
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     with open(batch_path) as f:
         batch = json.load(f)
     stepped = []

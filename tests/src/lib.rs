@@ -1,12 +1,14 @@
 //! Helpers for kart's process-level tests: locating the built binaries and the shared test
 //! material, a small synthetic world to train on, [`control_plane`], a real Kubernetes control
 //! plane with a real node (or none), [`operator`], the operator's binary run against it out of
-//! the cluster, and [`workloads`], the fixture-model resources the cluster tests apply.
+//! the cluster, [`workloads`], the fixture-model resources the cluster tests apply, and
+//! [`vllm`] and [`vllm_sync`], real vLLM servers and a training run kept on them.
 
 pub mod control_plane;
 pub mod operator;
 pub mod reference;
 pub mod vllm;
+pub mod vllm_sync;
 pub mod workloads;
 
 use std::path::{Path, PathBuf};

@@ -4,9 +4,12 @@
 
 use crate::{free_port, log, repo_root, wait_ready};
 use k8s_openapi::api::core::v1::Container;
+use kart_model::CausalLm;
+use kart_model::logprobs::{DEFAULT_CHUNK, token_logprobs};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use tch::{Device, Kind, Tensor};
 
 /// How long a server may take to start: about a minute on an idle 2-core machine.
 const START: Duration = Duration::from_secs(1200);
@@ -120,4 +123,28 @@ impl Drop for Vllm {
         // SAFETY: a signal to a process group this test started.
         unsafe { libc::kill(group, libc::SIGKILL) };
     }
+}
+
+/// What kart's `model` makes of `continuation` after `prompt`, step by step.
+pub struct Scores {
+    /// Each token's log-probability at temperature 1, as the trainer computes it.
+    pub logprobs: Vec<f64>,
+    /// The gap between the two largest logits: where it is tiny, two correct f32 engines may
+    /// pick different greedy tokens.
+    pub gaps: Vec<f64>,
+}
+
+/// [`Scores`] of `continuation` after `prompt` under `model` (on the CPU).
+pub fn score(model: &CausalLm, prompt: &[u32], continuation: &[u32]) -> Scores {
+    let all: Vec<i64> = prompt.iter().chain(continuation).map(|&t| t as i64).collect();
+    let ids = Tensor::from_slice(&all).view([1, -1]);
+    let positions = Tensor::arange(all.len() as i64, (Kind::Int64, Device::Cpu)).view([1, -1]);
+    let (p, g) = (prompt.len() as i64, continuation.len() as i64);
+    tch::no_grad(|| {
+        let hidden = model.forward(&ids, &positions, None, None).narrow(1, p - 1, g);
+        let logprobs = token_logprobs(model, &hidden, &ids.narrow(1, p, g), 1.0, false, DEFAULT_CHUNK);
+        let (top, _) = model.lm_head(&hidden).to_kind(Kind::Float).topk(2, -1, true, true);
+        let list = |t: Tensor| Vec::<f64>::try_from(t.to_kind(Kind::Double).view([-1])).unwrap();
+        Scores { logprobs: list(logprobs.logprobs), gaps: list(top.select(-1, 0) - top.select(-1, 1)) }
+    })
 }

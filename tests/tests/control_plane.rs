@@ -34,6 +34,24 @@ fn apply_pool_named(cp: &ControlPlane, namespace: &str, pool: &str) {
     cp.run_kubectl(&["apply", "-n", namespace, "-f", &path.display().to_string()]).unwrap();
 }
 
+/// A RolloutPool `llm` whose vLLM servers the operator runs, and a TrainingJob `tune` of LoRA
+/// adapters (rank 32) published to them by `vllm_disk`, in `namespace` (beside [`apply_pool`]'s
+/// Retriever `wiki`).
+fn apply_lora_job(cp: &ControlPlane, namespace: &str) {
+    let resources = r#"{"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "kart.dev/v1alpha1", "kind": "RolloutPool", "metadata": {"name": "llm"},
+         "spec": {"replicas": 1, "retrieverRef": "wiki", "inference": {"replicas": 1},
+                  "config": {"model": "/models/qwen", "engine": {"kind": "vllm", "model": "qwen"}}}},
+        {"apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "tune"},
+         "spec": {"retrieverRef": "wiki", "rolloutPoolRef": "llm",
+                  "config": {"model": "/models/qwen", "data": {"train": "/data/train.parquet"},
+                             "total_steps": 5, "lora": {"r": 32, "target_modules": "all-linear"},
+                             "weight_sync": {"kind": "vllm_disk", "path": "/weights/tune"}}}}]}"#;
+    let path = cp.dir.join(format!("resources-{namespace}-lora.json"));
+    std::fs::write(&path, resources).unwrap();
+    cp.run_kubectl(&["apply", "-n", namespace, "-f", &path.display().to_string()]).unwrap();
+}
+
 /// Field `field` of the spec of the operator's Lease `kart-operator` in `namespace`.
 fn lease(cp: &ControlPlane, namespace: &str, field: &str) -> anyhow::Result<String> {
     let jsonpath = format!("jsonpath={{.spec.{field}}}");
@@ -188,6 +206,28 @@ fn the_operator_reconciles_and_the_real_controllers_take_over() {
     assert!(owners.split_whitespace().any(|k| k == "RolloutPool"), "{owners}\n{}", operator_log());
     let replica_sets = names("rs").unwrap();
     assert!(replica_sets.iter().any(|r| r.starts_with("replicaset.apps/pool-")), "{replica_sets:?}");
+
+    // The servers of a pool that a TrainingJob publishes LoRA adapters to load adapters of its
+    // rank while it is there, and stop when it is gone.
+    apply_lora_job(&cp, namespace);
+    let server_args = || {
+        let jsonpath = "jsonpath={.spec.template.spec.containers[0].args}";
+        cp.run_kubectl(&["get", "deploy", "llm-vllm", "-n", namespace, "-o", jsonpath]).ok()
+    };
+    let args = eventually(
+        API_SECONDS,
+        "the vLLM servers taking the TrainingJob's adapters",
+        || format!("{}\n{}", cp.describe(), operator_log()),
+        || server_args().filter(|a| a.contains("--enable-lora")),
+    );
+    assert!(args.contains(r#""--max-lora-rank","32""#), "{args}");
+    cp.run_kubectl(&["delete", "tj", "tune", "-n", namespace, "--wait=true"]).unwrap();
+    eventually(
+        API_SECONDS,
+        "the vLLM servers without adapters once the TrainingJob is gone",
+        || format!("{}\n{}", cp.describe(), operator_log()),
+        || server_args().filter(|a| !a.contains("--enable-lora")).map(drop),
+    );
 
     cp.run_kubectl(&["delete", "rp", "pool", "-n", namespace, "--wait=true"]).unwrap();
     eventually(

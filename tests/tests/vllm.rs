@@ -7,17 +7,16 @@
 
 use kart_core::engine::{Engine, EngineError, EngineOutput};
 use kart_core::generation::{FinishReason, Generation, GenerationRequest, SamplingParams};
-use kart_model::logprobs::{DEFAULT_CHUNK, token_logprobs};
 use kart_model::{CausalLm, EmbeddedEngine};
 use kart_rollout::engines::vllm::VllmEngine;
-use kart_tests::vllm::{Vllm, serving_model};
+use kart_tests::vllm::{Vllm, score, serving_model};
 use kart_tests::{binary, corpus_retriever, fresh_dir};
 use kart_tokenizer::Tokenizer;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use tch::{Device, Kind, Tensor};
+use tch::Device;
 
 /// vLLM's log-probabilities against kart's recomputed ones, both in f32.
 const LOGPROB_TOLERANCE: f64 = 1e-4;
@@ -65,26 +64,6 @@ fn comparable(case: &Case) -> usize {
     case.margins.iter().position(|&m| m < TIE).unwrap_or(case.greedy.len())
 }
 
-/// kart's log-probabilities of `continuation` after `prompt`, as the trainer computes them.
-fn recomputed(model: &CausalLm, prompt: &[u32], continuation: &[u32]) -> Vec<f32> {
-    let all: Vec<i64> = prompt.iter().chain(continuation).map(|&t| t as i64).collect();
-    let ids = Tensor::from_slice(&all).view([1, -1]);
-    let positions = Tensor::arange(all.len() as i64, (Kind::Int64, Device::Cpu)).view([1, -1]);
-    let (p, g) = (prompt.len() as i64, continuation.len() as i64);
-    tch::no_grad(|| {
-        let hidden = model.forward(&ids, &positions, None, None);
-        let logprobs = token_logprobs(
-            model,
-            &hidden.narrow(1, p - 1, g),
-            &ids.narrow(1, p, g),
-            1.0,
-            false,
-            DEFAULT_CHUNK,
-        );
-        Vec::<f32>::try_from(logprobs.logprobs.view([-1])).unwrap()
-    })
-}
-
 /// Every case of `model_dir` through `server`, the embedded engine and (from the oracle)
 /// transformers.
 fn engines_agree_on(model_dir: &Path, server: &Vllm) {
@@ -122,9 +101,9 @@ fn engines_agree_on(model_dir: &Path, server: &Vllm) {
             case.greedy[..n],
             "{name} case {i}: the embedded engine against transformers"
         );
-        let kart = recomputed(&model, &case.input_ids, &v.token_ids);
+        let kart = score(&model, &case.input_ids, &v.token_ids).logprobs;
         for (step, (served, ours)) in v.logprobs.iter().zip(&kart).enumerate() {
-            let diff = (*served as f64 - *ours as f64).abs();
+            let diff = (*served as f64 - *ours).abs();
             assert!(
                 diff <= LOGPROB_TOLERANCE,
                 "{name} case {i} step {step}: vLLM's log-probability {served} against kart's {ours}"
@@ -210,8 +189,8 @@ fn requests_mean_the_same_on(model_dir: &Path, server: &Vllm) {
         assert_ne!(ids(&first), ids(&other), "seeds 7 and 8");
         for (c, output) in cases.iter().zip(&first) {
             let g = &output.as_ref().unwrap().generation;
-            for (served, ours) in g.logprobs.iter().zip(recomputed(&model, &c.input_ids, &g.token_ids)) {
-                let diff = (*served as f64 - ours as f64).abs();
+            for (served, ours) in g.logprobs.iter().zip(score(&model, &c.input_ids, &g.token_ids).logprobs) {
+                let diff = (*served as f64 - ours).abs();
                 assert!(diff <= LOGPROB_TOLERANCE, "sampled at T=1: vLLM's {served} against kart's {ours}");
             }
         }

@@ -3,7 +3,9 @@
 //!
 //! Requests arrive over a channel and are admitted between decoding steps. New weights are applied
 //! between steps too, once the sequences already running have finished (no admissions meanwhile),
-//! so every generation comes from exactly one policy version.
+//! so every generation comes from exactly one policy version. A model with LoRA adapters attached
+//! generates with them, and a new version may be its adapters alone (PEFT's names), copied into
+//! place over the base it keeps.
 
 use crate::scheduler::SchedulerError;
 use crate::{CausalLm, Scheduler};
@@ -19,7 +21,7 @@ use tokio::sync::oneshot;
 
 type Reply = oneshot::Sender<Result<EngineOutput, EngineError>>;
 
-/// Named parameter tensors (Hugging Face names) of a new policy version.
+/// Named parameter tensors (Hugging Face names, or PEFT's for adapters) of a new policy version.
 pub type NamedTensors = Vec<(String, Tensor)>;
 
 enum Command {
@@ -159,9 +161,10 @@ impl EngineLoop {
         }
     }
 
-    /// Copies new parameter values into the model, checking names and shapes.
+    /// Copies new parameter values into the model (its adapters' too), checking names and shapes.
     fn load(&mut self, tensors: &NamedTensors) -> Result<(), String> {
         let mut vars = self.model.var_store().variables();
+        vars.extend(self.model.lora().map(|a| a.named_tensors()).unwrap_or_default());
         for (name, value) in tensors {
             let var = vars.get_mut(name).ok_or_else(|| format!("unknown parameter `{name}`"))?;
             if var.size() != value.size() {
@@ -214,6 +217,50 @@ mod tests {
         let file = kart_testing::model("tiny-qwen2").join("model.safetensors");
         engine.load_weights(file, 3).await.unwrap();
         assert_eq!(version(&engine).await, 3);
+    }
+
+    #[tokio::test]
+    async fn a_new_version_may_be_the_adapters_alone() {
+        let dir = kart_testing::model("tiny-qwen2");
+        let lora = kart_core::config::lora::LoraConfig { r: 4, lora_alpha: 64.0, ..Default::default() };
+        let mut engine_model = CausalLm::load(&dir, tch::Device::Cpu).unwrap();
+        engine_model.attach_lora(&lora, 1).unwrap();
+        let engine = EmbeddedEngine::spawn(engine_model, Tokenizer::load(&dir).unwrap(), 8, 0, 0);
+        // A policy whose adapters moved (B is zero when attached).
+        let mut policy = CausalLm::load(&dir, tch::Device::Cpu).unwrap();
+        policy.attach_lora(&lora, 2).unwrap();
+        let mut adapters = policy.lora().unwrap().named_tensors();
+        tch::no_grad(|| {
+            for (_, t) in adapters.iter_mut() {
+                t.copy_(&(t.randn_like() * 0.5));
+            }
+        });
+        let request = GenerationRequest {
+            input_ids: vec![5, 9, 14, 2],
+            sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+            max_new_tokens: 12,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+        };
+        let before = engine.generate(request.clone()).await.unwrap().generation;
+        let copies = adapters.iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect();
+        engine.load_tensors(copies, 1).await.unwrap();
+        let after = engine.generate(request.clone()).await.unwrap();
+        assert_eq!(after.version, 1);
+        // What the policy's merged weights generate.
+        let mut merged = CausalLm::load(&dir, tch::Device::Cpu).unwrap();
+        let tensors = policy.merged_tensors();
+        let mut vars = merged.var_store_mut().variables();
+        tch::no_grad(|| {
+            for (name, t) in &tensors {
+                vars.get_mut(name).unwrap().copy_(t);
+            }
+        });
+        let reference = EmbeddedEngine::spawn(merged, Tokenizer::load(&dir).unwrap(), 8, 0, 0);
+        let expected = reference.generate(request).await.unwrap().generation;
+        assert_eq!(after.generation.token_ids, expected.token_ids);
+        assert_ne!(before.token_ids, expected.token_ids, "the adapters change what the model generates");
     }
 
     #[tokio::test]

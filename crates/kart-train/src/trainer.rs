@@ -801,13 +801,14 @@ fn connect(
     let timeout = Duration::from_secs_f64(config.rollout.timeout_secs);
     let retry_deadline = Duration::from_secs_f64(config.rollout.retry_deadline_secs);
     if urls.is_empty() {
-        let model = match config.lora {
-            // The engine serves the merged model: the base, with a checkpoint's adapters merged.
-            Some(_) => {
+        let model = match &config.lora {
+            // The engine generates with adapters over the base, as the policy does: a
+            // checkpoint's, or fresh ones, which compute the base until the first publish.
+            Some(lora) => {
                 let mut model = CausalLm::load(&config.model, device)?;
-                if policy_dir != config.model {
-                    model.load_lora(policy_dir)?;
-                    model.merge_lora();
+                match policy_dir != config.model {
+                    true => model.load_lora(policy_dir)?,
+                    false => model.attach_lora(lora, config.seed)?,
                 }
                 model
             }

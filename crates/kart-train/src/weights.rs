@@ -1,6 +1,7 @@
 //! Weight sync: how a new policy version reaches the rollout engines.
 //!
-//! - in process: the embedded engine gets copies of the tensors;
+//! - in process: the embedded engine gets copies of the tensors (with LoRA, of the adapters
+//!   alone: it generates with them over the base it keeps);
 //! - HTTP pull: the trainer writes `weights/v{version}.safetensors` and serves it at
 //!   `/weights/{version}`. Every `/rollout` request names its version and that URL, so a worker
 //!   that is behind (started late, restarted, or missed a push behind a Service) fetches it
@@ -12,7 +13,9 @@
 //!   tried up to three times: SGLang through `/update_weights_from_disk`, vLLM paused, reloading
 //!   in place and resumed ([`VllmEngine::reload_from_disk`]). A replica that still fails fails the
 //!   publish, and with it the step: no step trains on trajectories of replicas left on different
-//!   weights.
+//!   weights. With LoRA, vLLM gets the adapters alone, a PEFT folder of megabytes loaded in place
+//!   over the base it keeps ([`VllmEngine::load_adapter`]); SGLang and the other methods get the
+//!   adapters merged into the base.
 
 use kart_model::CausalLm;
 
@@ -77,7 +80,45 @@ pub(crate) const UPDATE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Bytes of the policy's tensors (with LoRA, of the merged model it publishes).
 pub(crate) fn tensor_bytes(policy: &CausalLm) -> u64 {
-    policy.named_tensors().iter().map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum()
+    bytes_of(&policy.named_tensors())
+}
+
+fn bytes_of(tensors: &[(String, tch::Tensor)]) -> u64 {
+    tensors.iter().map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum()
+}
+
+/// What a disk publish writes to its folder for the servers to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Folder {
+    /// A Hugging Face model folder: the policy (with LoRA, its adapters merged in).
+    Model,
+    /// A PEFT folder of the policy's adapters, which vLLM loads over the base it keeps.
+    Adapter,
+}
+
+impl Folder {
+    /// The folder `server` gets of `policy`.
+    fn of(server: InferenceServer, policy: &CausalLm) -> Folder {
+        match (server, policy.lora()) {
+            (InferenceServer::Vllm, Some(_)) => Folder::Adapter,
+            _ => Folder::Model,
+        }
+    }
+
+    /// Writes `policy` (its base read from `source_dir`) to `folder`; returns the tensors' bytes.
+    fn write(self, policy: &CausalLm, folder: &Path, source_dir: &Path) -> Result<u64, ModelError> {
+        match (self, policy.lora()) {
+            (Folder::Adapter, Some(adapters)) => {
+                adapters.save(folder, &source_dir.to_string_lossy())?;
+                Ok(bytes_of(&adapters.named_tensors()))
+            }
+            _ => {
+                let tensors = policy.merged_tensors();
+                save_pretrained(folder, policy.config(), &tensors, Some(source_dir), policy.kind())?;
+                Ok(bytes_of(&tensors))
+            }
+        }
+    }
 }
 
 /// The newest published weights files, served at `/weights/{version}`.
@@ -184,17 +225,22 @@ impl Publisher {
     /// Publishes the policy's weights as `version` (with LoRA, its adapters merged into them); returns when every engine uses them (for HTTP
     /// pull: when they are served and one worker per rollout URL that took the push uses them).
     pub async fn publish(&self, policy: &CausalLm, version: i64) -> Result<Published, SyncError> {
-        let bytes = tensor_bytes(policy);
         match self {
             Publisher::InProcess(engine) => {
-                let tensors = tch::no_grad(|| {
-                    policy.merged_tensors().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
-                });
+                // With LoRA the engine keeps the base and takes the adapters alone.
+                let named = match policy.lora() {
+                    Some(adapters) => adapters.named_tensors(),
+                    None => policy.named_tensors(),
+                };
+                let tensors: Vec<_> =
+                    tch::no_grad(|| named.into_iter().map(|(n, t)| (n, t.detach().copy())).collect());
+                let bytes = bytes_of(&tensors);
                 engine.load_tensors(tensors, version).await?;
                 Ok(Published { replicas: 1, bytes })
             }
             Publisher::HttpPull { workers, from, dir, store, keep, client } => {
                 let file = dir.join(format!("v{version}.safetensors"));
+                let bytes = tensor_bytes(policy);
                 write_safetensors(policy, &file).map_err(|source| SyncError::Write { version, source })?;
                 for old in store.publish(version, file, *keep) {
                     let _ = std::fs::remove_file(old);
@@ -217,13 +263,14 @@ impl Publisher {
             }
             Publisher::Disk { server, path, urls, source_dir, interrupt } => {
                 let folder = path.join(format!("v{version}"));
-                let tensors = policy.merged_tensors();
-                save_pretrained(&folder, policy.config(), &tensors, Some(source_dir), policy.kind())
+                let kind = Folder::of(*server, policy);
+                let bytes = kind
+                    .write(policy, &folder, source_dir)
                     .map_err(|source| SyncError::Write { version, source })?;
                 let replicas = replicas::resolve(urls).await?;
-                let model_path = folder.display().to_string();
+                let served = folder.display().to_string();
                 let updates =
-                    replicas.iter().map(|r| update_from_disk(*server, r, &model_path, version, *interrupt));
+                    replicas.iter().map(|r| update_from_disk(*server, r, kind, &served, version, *interrupt));
                 let outcomes = futures::future::join_all(updates).await;
                 let failures: Vec<String> = replicas
                     .iter()
@@ -282,7 +329,8 @@ impl Publisher {
             Publisher::InProcess(_) | Publisher::HttpPull { .. } => Ok(0),
             Publisher::Broadcast(broadcaster) => Ok(broadcaster.catch_up(policy, version).await?.replicas),
             Publisher::Disk { server, path, interrupt, .. } => {
-                let model_path = path.join(format!("v{version}")).display().to_string();
+                let kind = Folder::of(*server, policy);
+                let folder = path.join(format!("v{version}")).display().to_string();
                 let mut caught_up = 0;
                 for replica in behind {
                     // A look before the last catch-up may name a replica already brought up.
@@ -297,7 +345,7 @@ impl Publisher {
                     if held.is_ok_and(|held| held == Some(version)) {
                         continue;
                     }
-                    update_from_disk(*server, replica, &model_path, version, *interrupt)
+                    update_from_disk(*server, replica, kind, &folder, version, *interrupt)
                         .await
                         .map_err(|e| SyncError::Remote { url: replica.clone(), reason: e.to_string() })?;
                     caught_up += 1;
@@ -308,24 +356,28 @@ impl Publisher {
     }
 }
 
-/// Loads the folder `model_path` on the `server` at `replica` as `version` (SGLang aborting its
-/// requests in flight when `interrupt`), retrying per [`UPDATE_RETRY`].
+/// Loads the `kind` folder at `path` on the `server` at `replica` as `version` (SGLang aborting
+/// its requests in flight when `interrupt`), retrying per [`UPDATE_RETRY`].
 async fn update_from_disk(
     server: InferenceServer,
     replica: &str,
-    model_path: &str,
+    kind: Folder,
+    path: &str,
     version: i64,
     interrupt: bool,
 ) -> Result<(), EngineError> {
     let mut delays = UPDATE_RETRY.backoff().take(UPDATE_RETRY.retries as usize);
     loop {
-        let updated = match server {
-            InferenceServer::Sglang => {
+        let updated = match (server, kind) {
+            (InferenceServer::Sglang, _) => {
                 let engine = SglangEngine::new(replica, UPDATE_TIMEOUT);
-                engine.update_weights_from_disk(model_path, version, interrupt).await
+                engine.update_weights_from_disk(path, version, interrupt).await
             }
-            InferenceServer::Vllm => {
-                VllmEngine::control(replica, UPDATE_TIMEOUT).reload_from_disk(model_path, version).await
+            (InferenceServer::Vllm, Folder::Model) => {
+                VllmEngine::control(replica, UPDATE_TIMEOUT).reload_from_disk(path, version).await
+            }
+            (InferenceServer::Vllm, Folder::Adapter) => {
+                VllmEngine::control(replica, UPDATE_TIMEOUT).load_adapter(path, version).await
             }
         };
         let Err(error) = updated else { return Ok(()) };
@@ -485,6 +537,44 @@ mod tests {
         let attempts: Vec<_> = std::iter::repeat_n(attempt, tries).flatten().collect();
         assert_eq!(*b_seen.lock().unwrap(), attempts, "paused, reload failed, resumed; each try");
         assert_eq!(*a_seen.lock().unwrap(), calls("3"));
+    }
+
+    #[tokio::test]
+    async fn a_lora_policy_publishes_its_adapters_alone_to_vllm_and_merged_to_sglang() {
+        let model = kart_testing::model("tiny-qwen2");
+        let mut policy = CausalLm::load(&model, tch::Device::Cpu).unwrap();
+        let lora = kart_core::config::lora::LoraConfig { r: 2, ..Default::default() };
+        policy.attach_lora(&lora, 0).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (vllm, vllm_seen) = fake_vllm(false).await;
+        let publisher =
+            Publisher::disk(InferenceServer::Vllm, dir.path().into(), vec![vllm], model.clone(), false);
+        let published = publisher.publish(&policy, 4).await.unwrap();
+        let folder = dir.path().join("v4");
+        let files: std::collections::BTreeSet<_> = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(files, ["adapter_config.json", "adapter_model.safetensors"].map(String::from).into());
+        let adapters = policy.lora().unwrap().named_tensors();
+        assert_eq!(published.bytes, adapters.iter().map(|(_, t)| t.numel() as u64 * 4).sum::<u64>());
+        assert!(published.bytes * 10 < tensor_bytes(&policy), "{published:?}");
+        let load = json!({"lora_name": kart_core::config::lora::POLICY_ADAPTER, "lora_path": folder, "load_inplace": true});
+        let seen = vllm_seen.lock().unwrap().clone();
+        let routes: Vec<&str> = seen.iter().map(|(route, _)| route.as_str()).collect();
+        assert_eq!(
+            routes,
+            ["/pause?mode=wait", "/v1/load_lora_adapter", "/update_weight_version", "/resume"]
+        );
+        assert_eq!(seen[1].1, load);
+
+        let (sglang, sglang_seen) = fake_sglang().await;
+        let publisher =
+            Publisher::disk(InferenceServer::Sglang, dir.path().into(), vec![sglang], model, true);
+        let published = publisher.publish(&policy, 5).await.unwrap();
+        assert_eq!(published.bytes, tensor_bytes(&policy), "the merged model");
+        assert!(dir.path().join("v5/model.safetensors").is_file());
+        assert_eq!(sglang_seen.lock().unwrap().len(), 1);
     }
 
     #[test]

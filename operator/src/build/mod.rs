@@ -4,8 +4,10 @@
 //! - [`meta`]: names, labels, owner references, endpoints;
 //! - [`pod`]: containers and pod templates with the user's overrides applied; [`objects`]: the
 //!   plain objects (ConfigMaps, Services, claims, Deployments);
-//! - [`retriever`], [`rollout_pool`], [`training_job`]: each kind's children.
+//! - [`retriever`], [`rollout_pool`], [`training_job`]: each kind's children; [`adapters`]: what
+//!   a pool's vLLM servers need for the LoRA adapters of the TrainingJobs using it.
 
+pub mod adapters;
 #[cfg(test)]
 pub mod fixtures;
 pub mod meta;

@@ -193,7 +193,8 @@ fn inference(pool: &RolloutPool, settings: &Settings) -> Option<Inference> {
     let workload = format!("{name}-{kind}");
     let model = pool.spec.config.model.display().to_string();
     let (image, command, mut args, environment) = match &pool.spec.config.engine {
-        // The RL routes (weight transfer, `/weight_info`) exist in dev mode only.
+        // The RL routes (weight transfer, `/weight_info`) exist in dev mode only; a trainer of
+        // LoRA adapters loads them at run time (with `--enable-lora` among the pool's args).
         EngineConfig::Vllm { model: served, .. } => (
             "vllm/vllm-openai:latest",
             vec!["vllm".to_string(), "serve".into(), model],
@@ -205,7 +206,7 @@ fn inference(pool: &RolloutPool, settings: &Settings) -> Option<Inference> {
                 "--weight-transfer-config".into(),
                 r#"{"backend": "nccl"}"#.into(),
             ],
-            vec![env("VLLM_SERVER_DEV_MODE", "1")],
+            vec![env("VLLM_SERVER_DEV_MODE", "1"), env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")],
         ),
         _ => (
             "lmsysorg/sglang:latest",

@@ -17,7 +17,9 @@ use super::pod::{
     ContainerParts, STATUS_FILE, claim_volume, config_mount, config_volume, env, field_env, mount, template,
     token_env,
 };
-use super::{InvalidSpec, MASTER_PORT, Settings, TRAINER_PORT, config_path, retriever, rollout_pool};
+use super::{
+    InvalidSpec, MASTER_PORT, Settings, TRAINER_PORT, adapters, config_path, retriever, rollout_pool,
+};
 use crate::crd::{RolloutPool, TrainingJob};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
@@ -181,14 +183,15 @@ pub fn validate(tj: &TrainingJob) -> Result<(), InvalidSpec> {
 
 /// Whether the trainer's weight sync can keep the engine of `pool` (the RolloutPool of
 /// `rolloutPoolRef`) on its weights: `http_pull` for kart's embedded engine, `sglang_disk` or
-/// `sglang_broadcast` for SGLang, `vllm_disk` or `vllm_broadcast` for vLLM.
+/// `sglang_broadcast` for SGLang, `vllm_disk` or `vllm_broadcast` for vLLM; and whether the
+/// vLLM servers the pool runs take the LoRA adapters `vllm_disk` publishes ([`adapters::fit`]).
 pub fn weight_sync_fits(tj: &TrainingJob, pool: &RolloutPool) -> Result<(), InvalidSpec> {
     let pool_name = pool.name_any();
     let sync = &tj.spec.config.weight_sync;
     let (engine, wanted) = match (&pool.spec.config.engine, sync.servers()) {
+        (EngineConfig::Vllm { .. }, Some((InferenceServer::Vllm, _))) => return adapters::fit(tj, pool),
         (EngineConfig::Embedded { .. }, None)
-        | (EngineConfig::Sglang { .. }, Some((InferenceServer::Sglang, _)))
-        | (EngineConfig::Vllm { .. }, Some((InferenceServer::Vllm, _))) => return Ok(()),
+        | (EngineConfig::Sglang { .. }, Some((InferenceServer::Sglang, _))) => return Ok(()),
         (EngineConfig::Embedded { .. }, _) => ("embedded", "http_pull"),
         (EngineConfig::Sglang { .. }, _) => ("SGLang", "sglang_disk or sglang_broadcast"),
         (EngineConfig::Vllm { .. }, _) => ("vLLM", "vllm_disk or vllm_broadcast"),

@@ -5,6 +5,10 @@
 use super::ConfigError;
 use serde::{Deserialize, Serialize};
 
+/// The name a trainer's adapters are loaded under on SGLang and vLLM servers: a request that
+/// names it is sampled from the trained policy, one that names the served model from the base.
+pub const POLICY_ADAPTER: &str = "kart-policy";
+
 /// Low-rank adapters on the policy's linear projections: each target `W` becomes
 /// `W + scaling · B A`, with `A` `(r, in)` and `B` `(out, r)` the only trained parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -38,6 +42,17 @@ impl Default for LoraConfig {
 }
 
 impl LoraConfig {
+    /// Rank `r` on every projection (`all-linear`) with `lora_alpha` twice the rank, no dropout:
+    /// the usual choice for RL, which the benchmarks and `kart local --lora` train.
+    pub fn all_linear(r: usize) -> LoraConfig {
+        LoraConfig {
+            r,
+            lora_alpha: 2.0 * r as f64,
+            target_modules: TargetModules::AllLinear(AllLinear::AllLinear),
+            ..LoraConfig::default()
+        }
+    }
+
     /// The factor of `B A`: `lora_alpha / r`, or `lora_alpha / sqrt(r)` with `use_rslora`.
     pub fn scaling(&self) -> f64 {
         let r = self.r as f64;

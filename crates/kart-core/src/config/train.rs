@@ -698,6 +698,12 @@ impl Default for EvalConfig {
 }
 
 impl TrainConfig {
+    /// Whether each publish sends the LoRA adapters alone (a PEFT folder the vLLM servers load
+    /// over their base: `vllm_disk` with `lora`), rather than the model.
+    pub fn publishes_adapters(&self) -> bool {
+        self.lora.is_some() && matches!(self.weight_sync, WeightSync::VllmDisk { .. })
+    }
+
     /// Checks ranges and cross-field rules serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |field, value: &dyn std::fmt::Display, reason| Err(ConfigError::new(field, value, reason));

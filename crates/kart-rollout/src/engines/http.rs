@@ -53,12 +53,25 @@ impl HttpEngine {
         self.send(self.client.post(format!("{}{path}", self.base)).json(payload)).await
     }
 
+    /// POSTs `payload` to `{base}{path}`, a route whose successful answer is plain text (vLLM's
+    /// LoRA routes): only its status counts.
+    pub async fn post_for_status(&self, path: &str, payload: &Value) -> Result<(), EngineError> {
+        self.answer(self.client.post(format!("{}{path}", self.base)).json(payload)).await.map(drop)
+    }
+
     /// GETs `{base}{path}` and returns the JSON body of a successful answer.
     pub async fn get(&self, path: &str) -> Result<Value, EngineError> {
         self.send(self.client.get(format!("{}{path}", self.base))).await
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, EngineError> {
+        let (url, body) = self.answer(request).await?;
+        serde_json::from_slice(&body)
+            .map_err(|e| self.unavailable(&url, format!("malformed JSON response: {e}")))
+    }
+
+    /// The request's method and URL, and the body of its successful answer.
+    async fn answer(&self, request: reqwest::RequestBuilder) -> Result<(String, Vec<u8>), EngineError> {
         let (client, request) = request.build_split();
         let request = request.map_err(|e| self.unavailable(&self.base, describe(e)))?;
         let url = format!("{} {}", request.method(), request.url());
@@ -66,8 +79,7 @@ impl HttpEngine {
         let status = response.status();
         let body = response.bytes().await.map_err(|e| self.unavailable(&url, describe(e)))?;
         if status.is_success() {
-            return serde_json::from_slice(&body)
-                .map_err(|e| self.unavailable(&url, format!("malformed JSON response: {e}")));
+            return Ok((url, body.to_vec()));
         }
         let reason = format!("answered {status}: {}", error_message(&body));
         let transient = status.is_server_error()

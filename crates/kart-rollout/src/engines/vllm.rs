@@ -24,6 +24,13 @@
 //! [`VllmEngine::resume`]. From disk, on any device: [`VllmEngine::reload_from_disk`]
 //! (`reload_weights` through `/collective_rpc`, then `/update_weight_version`).
 //!
+//! LoRA: a trainer of adapters publishes only them, [`VllmEngine::load_adapter`] loading the PEFT
+//! folder in place under [`POLICY_ADAPTER`] (`/v1/load_lora_adapter` with `load_inplace`, on a
+//! server started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) between a
+//! pause and a resume, with the version as for a full reload. Requests name the adapter as their
+//! `model` from the moment the server lists it (`GET /v1/models`, read again whenever the
+//! server's version changes), the served model before.
+//!
 //! Policy versions: before each request the client reads the server's `weight_version`
 //! (`GET /weight_info`); a paused server holds new requests until the update finished, so that
 //! is the version of the weights a request is sampled with, save one admitted while an update
@@ -32,12 +39,15 @@
 
 use super::TensorMeta;
 use super::http::HttpEngine;
+use futures::TryFutureExt;
 use futures::future::BoxFuture;
+use kart_core::config::lora::POLICY_ADAPTER;
 use kart_core::engine::{Engine, EngineError, EngineOutput};
 use kart_core::generation::FinishReason;
 use kart_core::generation::Generation;
 use kart_core::generation::GenerationRequest;
 use serde_json::{Value, json};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -48,6 +58,9 @@ pub struct VllmEngine {
     model: String,
     /// The server answered that it has no `/weight_info` (not in dev mode).
     unversioned: AtomicBool,
+    /// What requests name as their `model`, and the server's version when it was chosen: the
+    /// trainer's adapter once the server lists it, else the served model.
+    target: Mutex<Option<(Option<i64>, String)>>,
 }
 
 /// Where a vLLM server's workers meet the trainer's NCCL communicator (`init_info` of the `nccl`
@@ -70,6 +83,7 @@ impl VllmEngine {
             http: HttpEngine::new("vllm", base, timeout),
             model: model.to_string(),
             unversioned: AtomicBool::new(false),
+            target: Mutex::new(None),
         }
     }
 
@@ -171,40 +185,89 @@ impl VllmEngine {
     /// (`POST /update_weight_version`) and resumes, also when the reload failed. Records
     /// `version`.
     pub async fn reload_from_disk(&self, path: &str, version: i64) -> Result<(), EngineError> {
-        self.pause().await?;
         let reload = json!({"method": "reload_weights", "kwargs": {"weights_path": path}});
-        let reloaded = match self.http.post("/collective_rpc", &reload).await {
-            Ok(_) => {
+        self.paused_update(self.http.post("/collective_rpc", &reload).map_ok(drop), version).await
+    }
+
+    /// Loads the PEFT folder `path` (a path the server sees) as policy `version`, in place under
+    /// [`POLICY_ADAPTER`] (`POST /v1/load_lora_adapter`), between a pause and a resume as
+    /// [`VllmEngine::reload_from_disk`] does. Records `version`.
+    pub async fn load_adapter(&self, path: &str, version: i64) -> Result<(), EngineError> {
+        let load = json!({"lora_name": POLICY_ADAPTER, "lora_path": path, "load_inplace": true});
+        // Its success is plain text, not JSON.
+        self.paused_update(self.http.post_for_status("/v1/load_lora_adapter", &load), version).await
+    }
+
+    /// Pauses once the requests in flight finished, makes the `update`, sets the server's
+    /// version (`POST /update_weight_version`) and resumes, also when the update failed.
+    /// Records `version`.
+    async fn paused_update(
+        &self,
+        update: impl Future<Output = Result<(), EngineError>>,
+        version: i64,
+    ) -> Result<(), EngineError> {
+        self.pause().await?;
+        let updated = match update.await {
+            Ok(()) => {
                 self.http.post("/update_weight_version", &json!({"new_version": version.to_string()})).await
             }
             Err(error) => Err(error),
         };
         let resumed = self.resume().await;
-        reloaded?;
+        updated?;
         resumed?;
         self.set_version(version);
         Ok(())
     }
 
-    /// The version a request sent now is sampled with: the server's, else the one recorded.
-    async fn current_version(&self) -> Result<i64, EngineError> {
-        if !self.unversioned.load(Ordering::Relaxed) {
-            match self.weight_version().await {
-                Ok(Some(version)) => self.set_version(version),
-                Ok(None) => {}
-                // No RL routes: a 404 (a server not in dev mode) is the only 4xx of a GET.
-                Err(EngineError::Invalid(_)) => self.unversioned.store(true, Ordering::Relaxed),
-                Err(error) => return Err(error),
-            }
-        }
-        Ok(self.version())
+    /// The models the server serves (`id`s of `GET /v1/models`): the served model and the LoRA
+    /// adapters loaded.
+    pub async fn models(&self) -> Result<Vec<String>, EngineError> {
+        let answer = self.http.get("/v1/models").await?;
+        let url = format!("GET {}/v1/models", self.url());
+        let data = answer["data"]
+            .as_array()
+            .ok_or_else(|| self.http.unavailable(&url, "malformed response: no `data` list"))?;
+        Ok(data.iter().filter_map(|m| m["id"].as_str().map(str::to_owned)).collect())
     }
 
-    /// The `/v1/completions` body for `request`.
-    fn payload(&self, request: &GenerationRequest) -> Value {
+    /// The version a request sent now is sampled with (the server's, else the one recorded), and
+    /// the `model` it names.
+    async fn current(&self) -> Result<(i64, String), EngineError> {
+        if self.unversioned.load(Ordering::Relaxed) {
+            return Ok((self.version(), self.model.clone()));
+        }
+        let reported = match self.weight_version().await {
+            Ok(reported) => reported,
+            // No RL routes: a 404 (a server not in dev mode) is the only 4xx of a GET; such a
+            // server takes no weights from a trainer, so its requests name the served model.
+            Err(EngineError::Invalid(_)) => {
+                self.unversioned.store(true, Ordering::Relaxed);
+                return Ok((self.version(), self.model.clone()));
+            }
+            Err(error) => return Err(error),
+        };
+        if let Some(version) = reported {
+            self.set_version(version);
+        }
+        let chosen = self.target.lock().expect("target lock").clone();
+        let model = match chosen {
+            Some((at, model)) if at == reported => model,
+            _ => {
+                let adapted = self.models().await?.iter().any(|m| m == POLICY_ADAPTER);
+                let model = if adapted { POLICY_ADAPTER.to_owned() } else { self.model.clone() };
+                *self.target.lock().expect("target lock") = Some((reported, model.clone()));
+                model
+            }
+        };
+        Ok((self.version(), model))
+    }
+
+    /// The `/v1/completions` body for `request`, sampled from `model`.
+    fn payload(&self, request: &GenerationRequest, model: &str) -> Value {
         let sampling = &request.sampling;
         let mut payload = json!({
-            "model": self.model,
+            "model": model,
             "prompt": request.input_ids,
             "max_tokens": request.max_new_tokens,
             "temperature": sampling.temperature,
@@ -281,8 +344,8 @@ impl VllmEngine {
 impl Engine for VllmEngine {
     fn generate(&self, request: GenerationRequest) -> BoxFuture<'_, Result<EngineOutput, EngineError>> {
         Box::pin(async move {
-            let version = self.current_version().await?;
-            let answer = self.http.post("/v1/completions", &self.payload(&request)).await?;
+            let (version, model) = self.current().await?;
+            let answer = self.http.post("/v1/completions", &self.payload(&request, &model)).await?;
             self.parse(&format!("{}/v1/completions", self.url()), &answer, version)
         })
     }
@@ -385,28 +448,113 @@ mod tests {
         assert_eq!(requests.lock().unwrap()[0], expected);
     }
 
-    #[tokio::test]
-    async fn outputs_carry_the_version_the_server_reports() {
-        let version = Arc::new(Mutex::new(json!(null)));
-        let reported = version.clone();
+    /// A fake vLLM server in dev mode: `/weight_info` reports `version`, `/v1/models` lists
+    /// `models`; the `model` each completion named is recorded.
+    async fn dev_mode(
+        version: Arc<Mutex<Value>>,
+        models: Arc<Mutex<Vec<&'static str>>>,
+    ) -> (String, Requests) {
+        let named = Requests::default();
+        let record = named.clone();
         let router = axum::Router::new()
             .route(
                 "/v1/completions",
-                post(|| async { ([("content-type", "application/json")], answer(json!("stop"))) }),
+                post(move |Json(request): Json<Value>| {
+                    record.lock().unwrap().push(request["model"].clone());
+                    async { ([("content-type", "application/json")], answer(json!("stop"))) }
+                }),
             )
             .route(
                 "/weight_info",
                 axum::routing::get(move || {
-                    let reported = reported.clone();
-                    async move { Json(json!({ "weight_version": reported.lock().unwrap().clone() })) }
+                    let reported = version.lock().unwrap().clone();
+                    async move { Json(json!({ "weight_version": reported })) }
+                }),
+            )
+            .route(
+                "/v1/models",
+                axum::routing::get(move || {
+                    let data: Vec<Value> = models
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .map(|id| json!({"id": id, "object": "model"}))
+                        .collect();
+                    async move { Json(json!({"object": "list", "data": data})) }
                 }),
             );
-        let engine = engine(&serve(router).await);
+        (serve(router).await, named)
+    }
+
+    #[tokio::test]
+    async fn outputs_carry_the_version_the_server_reports() {
+        let version = Arc::new(Mutex::new(json!(null)));
+        let (url, _) = dev_mode(version.clone(), Arc::new(Mutex::new(vec!["qwen"]))).await;
+        let engine = engine(&url);
         engine.set_version(2);
         assert_eq!(engine.generate(request()).await.unwrap().version, 2, "null: the version recorded");
         *version.lock().unwrap() = json!("7");
         assert_eq!(engine.generate(request()).await.unwrap().version, 7);
         assert_eq!(engine.weight_version().await.unwrap(), Some(7));
+    }
+
+    #[tokio::test]
+    async fn requests_name_the_trainers_adapter_from_the_version_it_came_with() {
+        let version = Arc::new(Mutex::new(json!(null)));
+        let models = Arc::new(Mutex::new(vec!["qwen"]));
+        let (url, named) = dev_mode(version.clone(), models.clone()).await;
+        let engine = engine(&url);
+        engine.generate(request()).await.unwrap();
+        // Loaded under the same version: not looked for again until the version changes.
+        models.lock().unwrap().push(POLICY_ADAPTER);
+        engine.generate(request()).await.unwrap();
+        *version.lock().unwrap() = json!("0");
+        assert_eq!(engine.generate(request()).await.unwrap().version, 0);
+        *version.lock().unwrap() = json!("1");
+        assert_eq!(engine.generate(request()).await.unwrap().version, 1);
+        assert_eq!(
+            *named.lock().unwrap(),
+            [json!("qwen"), json!("qwen"), json!(POLICY_ADAPTER), json!(POLICY_ADAPTER)]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_adapter_loads_in_place_between_a_pause_and_a_resume() {
+        let calls = Requests::default();
+        let record = |route: &'static str| {
+            let calls = calls.clone();
+            post(move |Json(body): Json<Value>| {
+                calls.lock().unwrap().push(json!({"route": route, "body": body}));
+                async move {
+                    use axum::response::IntoResponse;
+                    match route {
+                        // vLLM's answer: plain text.
+                        "/v1/load_lora_adapter" => {
+                            format!("Success: LoRA adapter '{POLICY_ADAPTER}' added successfully.")
+                                .into_response()
+                        }
+                        _ => Json(json!({})).into_response(),
+                    }
+                }
+            })
+        };
+        let mut router = axum::Router::new();
+        for route in ["/pause", "/v1/load_lora_adapter", "/update_weight_version", "/resume"] {
+            router = router.route(route, record(route));
+        }
+        let engine = VllmEngine::control(&serve(router).await, Duration::from_secs(60));
+        engine.load_adapter("/w/v3", 3).await.unwrap();
+        assert_eq!(engine.version(), 3);
+        let load = json!({"lora_name": POLICY_ADAPTER, "lora_path": "/w/v3", "load_inplace": true});
+        assert_eq!(
+            *calls.lock().unwrap(),
+            [
+                json!({"route": "/pause", "body": {}}),
+                json!({"route": "/v1/load_lora_adapter", "body": load}),
+                json!({"route": "/update_weight_version", "body": {"new_version": "3"}}),
+                json!({"route": "/resume", "body": {}}),
+            ]
+        );
     }
 
     #[tokio::test]

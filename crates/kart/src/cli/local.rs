@@ -12,6 +12,7 @@ use kart::local::gold::GoldConfig;
 use kart::local::reading;
 use kart::local::warm_start::{self, Agent, Lessons, WarmStart};
 use kart::local::world::{DatasetPaths, World, WorldConfig};
+use kart_core::config::lora::LoraConfig;
 use kart_core::config::train::{
     AdvantageEstimator, AlgorithmConfig, BatchConfig, CheckpointConfig, DataConfig, DataFormat, Device,
     EvalConfig, OptimConfig, RolloutSource, Sampling, TrainConfig,
@@ -143,6 +144,12 @@ pub struct LocalArgs {
     /// versions old are trained, with decoupled PPO).
     #[arg(long, default_value_t = 0)]
     max_staleness: u64,
+    /// RL trains LoRA adapters of this rank (every projection, alpha twice the rank) on the
+    /// warm-started model instead of all its weights; the reference is the warm-started model
+    /// itself, and `model/` at the end the adapters (`kart convert merge-lora` merges them).
+    /// Adapters usually want a larger `--lr` than full fine-tuning.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    lora: Option<u16>,
     /// Held-out questions evaluated greedily before and after RL.
     #[arg(long, default_value_t = 200)]
     eval_questions: usize,
@@ -234,6 +241,7 @@ struct Config {
     temperature: f64,
     dynamic_sampling: bool,
     max_staleness: u64,
+    lora: Option<LoraConfig>,
     eval_questions: usize,
     eval_samples: usize,
     device: Device,
@@ -418,6 +426,7 @@ impl Config {
             temperature: args.temperature,
             dynamic_sampling: args.dynamic_sampling,
             max_staleness: args.max_staleness,
+            lora: args.lora.map(|r| LoraConfig::all_linear(r.into())),
             eval_questions: args.eval_questions,
             eval_samples: args.eval_samples,
             device: args.device,
@@ -691,6 +700,7 @@ async fn reinforce(config: &Config, world: &WorldOnDisk, warm: &Path) -> anyhow:
         },
         device: config.device,
         dump_rollouts: true,
+        lora: config.lora.clone(),
         ..TrainConfig::default()
     };
     std::fs::write(config.out.join("train-config.json"), serde_json::to_string_pretty(&train_config)?)?;

@@ -10,6 +10,7 @@ mod rollout;
 mod server;
 mod shape;
 mod sync;
+mod sync_lora;
 mod train;
 mod vllm;
 

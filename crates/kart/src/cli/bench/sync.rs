@@ -17,10 +17,14 @@
 //! - `vllm_broadcast`: the same tensors to vLLM stand-ins (`scripts/standins/vllm.py`) through
 //!   vLLM's weight-transfer routes, between a pause and a resume, one broadcast and barrier per
 //!   tensor (Gloo), or with `--vllm-urls` and `--device cuda` to real vLLM servers over NCCL.
+//!
+//! With `--lora R` it measures LoRA adapters against the whole model instead, on the real vLLM
+//! servers of `--vllm-urls` ([`super::sync_lora`]).
 
 use super::anchor::{AnchorArgs, Row, check_python, median, print_rows};
 use super::model::random_model;
 use super::server::Server;
+use super::sync_lora;
 use anyhow::Context;
 use kart_core::config::rollout::WeightDownloadConfig;
 use kart_core::config::train::{Device, InferenceServer};
@@ -75,6 +79,12 @@ pub struct Args {
     /// Where the trainer's tensors are: `cpu` (Gloo) or `cuda` (NCCL; the servers on other GPUs).
     #[arg(long, default_value = "cpu", value_parser = super::parse_device)]
     device: Device,
+    /// Publish LoRA adapters of this rank (every projection) through `vllm_disk` instead, to the
+    /// `--vllm-urls` servers (started with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`,
+    /// `--enable-lora` and a `--max-lora-rank` of at least it), against `vllm_disk` of the whole
+    /// model to the same servers.
+    #[arg(long, requires = "vllm_urls", value_parser = clap::value_parser!(u16).range(1..))]
+    lora: Option<u16>,
     #[command(flatten)]
     anchor: AnchorArgs,
 }
@@ -124,9 +134,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         random_model(&model_dir, sizes, vocab, args.anchor.seed)?;
     }
     let device = if args.device == Device::Cuda { tch::Device::Cuda(0) } else { tch::Device::Cpu };
-    let policy = CausalLm::load(&model_dir, device)?;
+    let mut policy = CausalLm::load(&model_dir, device)?;
     let tokenizer = kart_tokenizer::Tokenizer::load(&model_dir)?;
     let repeats = args.anchor.or(args.repeats, 3, 1);
+    if let Some(rank) = args.lora {
+        let urls = &args.vllm_urls;
+        let report = tokio::runtime::Runtime::new()?.block_on(sync_lora::measure(
+            &mut policy,
+            &model_dir,
+            dir.path(),
+            urls,
+            rank.into(),
+            repeats,
+        ))?;
+        sync_lora::print_report(&report);
+        if let Some(path) = &args.anchor.json {
+            std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let script = dir.path().join("sglang.py");
     std::fs::write(&script, STANDIN)?;
     let vllm_script = dir.path().join("vllm.py");

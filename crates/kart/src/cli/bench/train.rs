@@ -28,6 +28,12 @@
 //! allocator on the CPU); the first setting (every rank holding everything, without
 //! checkpointing) is the anchor of the ratios. The sharded settings need two ranks: on one GPU
 //! they are left out.
+//!
+//! With `--lora R` the policy is LoRA adapters of rank R on every projection (alpha 2R) over the
+//! frozen base, which with its adapters off is the reference: on kart's side the trainer's own
+//! LoRA, on the anchor's PEFT's (`get_peft_model`, the reference pass under `disable_adapter()`),
+//! both with AdamW over the adapters alone. kart's full fine-tuning of the same model on the same
+//! batch runs too, for the step time and peak memory per rank that LoRA saves.
 
 use super::anchor::{AnchorArgs, Row, check_python, print_rows};
 use super::model::{parameter_count, random_model};
@@ -36,6 +42,7 @@ use super::{parse_device, parse_precision};
 use crate::cli::launch::{self, NprocPerNode};
 use anyhow::{Context, bail};
 use kart_core::agent::trajectory::Trajectory;
+use kart_core::config::lora::LoraConfig;
 use kart_core::config::memory::{Precision, Sharding};
 use kart_core::config::train::{BatchConfig, Device, OptimConfig, TrainConfig};
 use kart_model::QwenSizes;
@@ -98,6 +105,10 @@ pub struct Args {
     /// fixture's shape].
     #[arg(long, value_enum, default_value_t = Shape::Bench)]
     shape: Shape,
+    /// Train LoRA adapters of this rank (every projection, alpha twice the rank) instead of the
+    /// whole model, against PEFT's on the anchor's side and kart's full fine-tuning.
+    #[arg(long, conflicts_with = "memory", value_parser = clap::value_parser!(u16).range(1..))]
+    lora: Option<u16>,
     /// One rank of kart's side, in the folder the benchmark prepared (started by the benchmark).
     #[arg(long, hide = true)]
     worker: Option<PathBuf>,
@@ -313,6 +324,10 @@ struct Report {
     /// Model FLOPs of one step: 10 x parameters x tokens (two forward passes without gradients,
     /// one with, and its backward); attention's quadratic term is not counted.
     flops: f64,
+    /// The adapters' rank, with `--lora`.
+    lora: Option<u16>,
+    /// kart's full fine-tuning on the same batch, with `--lora`.
+    full_fine_tuning: Option<Run>,
     pairs: Vec<Pair>,
     rows: Vec<Row>,
     /// kart's and torch's `t1 / (N x tN)`, with more than one rank.
@@ -334,7 +349,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--device cuda --ranks {ranks}: {} CUDA devices are visible", tch::Cuda::device_count());
     }
     let python = args.anchor.python();
-    check_python(&python, "torch, transformers")?;
+    check_python(
+        &python,
+        if args.lora.is_some() { "torch, transformers, peft" } else { "torch, transformers" },
+    )?;
+    let lora = args.lora.map(|r| LoraConfig::all_linear(r.into()));
     let work = tempfile::tempdir().context("creating a temporary folder")?;
     let (parameters, batch) = w.prepare(work.path(), args.anchor.seed)?;
     std::fs::write(work.path().join("train_anchor.py"), ANCHOR)?;
@@ -357,6 +376,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         threads,
         precision,
         activation_checkpointing: args.activation_checkpointing,
+        lora: args.lora,
     };
     let flops = 10.0 * parameters as f64 * tokens as f64;
     let mut pairs = vec![];
@@ -366,6 +386,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             activation_checkpointing: args.activation_checkpointing,
             sharding: Sharding::None,
             ranks: n,
+            lora: lora.clone(),
         };
         std::fs::write(work.path().join(SETUP), serde_json::to_vec(&setup)?)?;
         let (kart, torch) = if i % 2 == 0 {
@@ -381,7 +402,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map(|peak| PerSide::of((&kart, &torch), |r| flops / r.seconds() / (peak * 1e12 * n as f64)));
         pairs.push(Pair { ranks: n, kart, torch, tokens_per_second, mfu });
     }
-    let rows = pairs
+    let mut rows: Vec<Row> = pairs
         .iter()
         .map(|p| {
             Row::at_most(
@@ -392,6 +413,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             )
         })
         .collect();
+    // kart's full fine-tuning on as many ranks: the anchor of what LoRA saves.
+    let full = match &lora {
+        Some(_) => {
+            let setup = Setup {
+                precision,
+                activation_checkpointing: args.activation_checkpointing,
+                sharding: Sharding::None,
+                ranks,
+                lora: None,
+            };
+            std::fs::write(work.path().join(SETUP), serde_json::to_vec(&setup)?)?;
+            let full = Sides { lora: None, ..sides }.kart(ranks)?;
+            let lora_run = &pairs[0].kart;
+            let peak = |run: &Run| run.peak_bytes.iter().copied().max().unwrap_or(0) as f64 / 1e6;
+            rows.push(Row::at_most("LoRA step vs full (s)".into(), lora_run.seconds(), full.seconds(), 1.0));
+            rows.push(Row::at_most("LoRA peak MB/rank vs full".into(), peak(lora_run), peak(&full), 1.0));
+            Some(full)
+        }
+        None => None,
+    };
     let scaling_efficiency = (pairs.len() == 2).then(|| {
         let efficiency = |n: &Run, one: &Run| one.seconds() / (ranks as f64 * n.seconds());
         (efficiency(&pairs[0].kart, &pairs[1].kart), efficiency(&pairs[0].torch, &pairs[1].torch))
@@ -404,6 +445,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         activation_checkpointing: args.activation_checkpointing,
         tokens,
         flops,
+        lora: args.lora,
+        full_fine_tuning: full,
         pairs,
         rows,
         scaling_efficiency,
@@ -418,11 +461,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 fn print_report(report: &Report, w: &Workload) {
     let first = &report.pairs[0];
+    let lora = report.lora.map(|r| format!(", LoRA rank {r} on every projection (PEFT on torch's side)"));
     println!(
-        "model: Qwen2, {:.1}M parameters, {:?}{} on {:?}; batch {} x {} tokens ({} prompt); threads per rank: kart {}, torch {} ({})",
+        "model: Qwen2, {:.1}M parameters, {:?}{}{} on {:?}; batch {} x {} tokens ({} prompt); threads per rank: kart {}, torch {} ({})",
         report.parameters as f64 / 1e6,
         report.precision,
         if report.activation_checkpointing { " with activation checkpointing" } else { "" },
+        lora.unwrap_or_default(),
         report.device,
         w.groups * w.group_size,
         w.prompt_tokens + w.response_tokens,
@@ -470,6 +515,8 @@ struct Sides<'a> {
     threads: usize,
     precision: Precision,
     activation_checkpointing: bool,
+    /// The anchor's adapters' rank (kart's side reads its own from the setup file).
+    lora: Option<u16>,
 }
 
 impl Sides<'_> {
@@ -497,13 +544,14 @@ impl Sides<'_> {
         let device = if self.device == Device::Cuda { "cuda" } else { "cpu" };
         let precision = if self.precision == Precision::Bf16 { "bf16" } else { "f32" };
         let checkpointing = if self.activation_checkpointing { "checkpointing" } else { "keep" };
+        let lora = self.lora.map_or("full".to_string(), |r| format!("lora:{r}"));
         let status = Command::new(self.python)
             .args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &n.to_string()])
             .arg(self.dir.join("train_anchor.py"))
             .args([self.dir.join(MODEL), self.dir.join(BATCH)])
             .arg(self.steps.to_string())
             .arg(&out)
-            .args([device, precision, checkpointing])
+            .args([device, precision, checkpointing, &lora])
             .env("OMP_NUM_THREADS", self.threads.to_string())
             .env("TRANSFORMERS_VERBOSITY", "error")
             .status()
@@ -574,20 +622,23 @@ fn worker(dir: &Path, steps: usize, device: Device) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Memory settings of one `--memory` run.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+/// The settings kart's ranks train with (each `--memory` run's, or the comparison's).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Setup {
     precision: Precision,
     activation_checkpointing: bool,
     sharding: Sharding,
     ranks: usize,
+    #[serde(default)]
+    lora: Option<LoraConfig>,
 }
 
 impl Setup {
-    fn apply(&self, config: &mut TrainConfig) {
+    fn apply(self, config: &mut TrainConfig) {
         config.precision = Some(self.precision);
         config.activation_checkpointing = self.activation_checkpointing;
         config.sharding = self.sharding;
+        config.lora = self.lora;
     }
 
     fn describe(&self) -> String {
@@ -623,6 +674,7 @@ fn memory_setups(precisions: &[Precision], ranks: Option<usize>) -> Vec<Setup> {
         activation_checkpointing,
         sharding,
         ranks,
+        lora: None,
     };
     let mut setups = Vec::new();
     for &precision in precisions {
@@ -675,6 +727,7 @@ fn memory(args: &Args, w: &Workload, steps: usize) -> anyhow::Result<ExitCode> {
             threads,
             precision: setup.precision,
             activation_checkpointing: setup.activation_checkpointing,
+            lora: None,
         };
         let run = sides.kart(setup.ranks)?;
         let peak = run.peak_bytes.iter().copied().max().unwrap_or(0);
