@@ -109,6 +109,28 @@ fn quick_train_bench_on_two_ranks_matches_ddp_and_reports_the_scaling() {
     assert!(kart > 0.0 && torch > 0.0, "{report}");
 }
 
+/// `kart bench train --lora`: kart's adapters against PEFT's on the same base and batch, and
+/// against kart's full fine-tuning.
+#[test]
+fn quick_lora_train_bench_matches_peft_and_holds_less_than_full_fine_tuning() {
+    let Some(python) = anchor_python() else { return };
+    let _turn = RANKS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (stdout, report) = quick_bench(&python, &["train", "--lora", "4"]);
+    assert!(stdout.contains("LoRA rank 4 on every projection"), "{stdout}");
+    let rows = report["rows"].as_array().unwrap();
+    let metrics: Vec<&str> = rows.iter().map(|r| r["metric"].as_str().unwrap()).collect();
+    assert_eq!(metrics, ["GRPO step, 1 rank(s) (s)", "LoRA step vs full (s)", "LoRA peak MB/rank vs full"]);
+    assert_eq!(rows[2]["met"], true, "the adapters' optimiser state is smaller than the model's: {report}");
+    let first = |side: &str, key: &str| report["pairs"][0][side]["steps"][0][key].as_f64().unwrap();
+    // B starts at zero on both sides, so the first pass is the base's; A is drawn by each side's
+    // own generator, so the gradients (of B, through A) differ.
+    for key in ["entropy", "pg_loss"] {
+        assert!((first("kart", key) - first("torch", key)).abs() < 1e-5, "{key}: {report}");
+    }
+    assert!(first("kart", "grad_norm") > 0.0 && first("torch", "grad_norm") > 0.0, "{report}");
+    assert!(report["full_fine_tuning"]["steps"].as_array().is_some_and(|s| s.len() == 2), "{report}");
+}
+
 #[test]
 fn benches_on_cuda_without_a_gpu_say_so() {
     let run = |args: &[&str]| {

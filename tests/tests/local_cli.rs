@@ -254,31 +254,47 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `kart local` on a tiny world and model, one RL step, with `extra` flags, into `dir`.
+fn tiny_run(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    Command::new(binary("kart"))
+        .args(["local", "--persons", "400", "--rl-questions", "20", "--hidden", "32", "--layers", "1"])
+        .args(["--vocab", "600", "--copy-drills", "3", "--fact-drills", "2", "--warm-steps", "6"])
+        .args(["--warm-batch", "4", "--probe-rounds", "0", "--steps", "1", "--prompts", "2", "--n", "2"])
+        .args(["--eval-questions", "4", "--dynamic-sampling", "false"])
+        .args(extra)
+        .arg("--out")
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_lora_run_trains_adapters_on_the_warm_started_model() {
+    let dir = std::env::temp_dir().join(format!("kart-local-lora-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let output = tiny_run(&dir, &["--lora", "4"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("train-config.json")).unwrap()).unwrap();
+    assert_eq!(
+        config["lora"],
+        json!({"r": 4, "lora_alpha": 8.0, "lora_dropout": 0.0, "target_modules": "all-linear", "use_rslora": false})
+    );
+    // The model at the end is the adapters, on the warm-started base.
+    let adapter: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("model/adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!((&adapter["peft_type"], &adapter["r"]), (&json!("LORA"), &json!(4)), "{adapter}");
+    assert_eq!(adapter["base_model_name_or_path"], json!(dir.join("warm-start-model")), "{adapter}");
+    assert!(dir.join("model/adapter_model.safetensors").is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_tools_run_trains_through_the_tools_environment() {
     let dir = std::env::temp_dir().join(format!("kart-local-tools-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let output = Command::new(binary("kart"))
-        .args(["local", "--env", "tools", "--persons", "400", "--rl-questions", "20", "--hidden", "32"])
-        .args([
-            "--layers",
-            "1",
-            "--vocab",
-            "600",
-            "--copy-drills",
-            "3",
-            "--fact-drills",
-            "2",
-            "--warm-steps",
-            "6",
-            "--warm-batch",
-            "4",
-        ])
-        .args(["--probe-rounds", "0", "--steps", "1", "--prompts", "2", "--n", "2", "--eval-questions", "4"])
-        .args(["--dynamic-sampling", "false", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
+    let output = tiny_run(&dir, &["--env", "tools"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     let config: Value =
