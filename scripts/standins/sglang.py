@@ -25,6 +25,19 @@
   tensors it holds once a bucket brings a `weight_version` to DIR/v{version}-tp{i}.safetensors.
 - `GET /get_weight_version`, `GET /health`, and `GET /in_flight` (a stand-in's own: the most
   tokens a request in flight has generated so far, so a test can update mid-generation).
+- LoRA adapters, as SGLang's `--enable-lora` server has them (http_server.py, io_struct.py,
+  lora_registry.py): `POST /load_lora_adapter {lora_name, lora_path, pinned}` checks that
+  `lora_path` is a PEFT folder (adapter_config.json with `peft_type: LORA`, and
+  adapter_model.safetensors, which it reads) and answers `{success, error_message,
+  loaded_adapters}` (400 with `success: false` for a name already loaded or a bad folder, as
+  SGLang does); `POST /unload_lora_adapter {lora_name}` waits for the requests using the adapter
+  and removes it (400 for a name not loaded); `POST /update_weight_version {new_version,
+  abort_all_requests}` sets the version (aborting the requests in flight when asked); `GET
+  /v1/models` lists the served model and a card per adapter (`id`, `root`, `parent`); a
+  `/generate` naming an adapter that is not loaded by its `lora_path` gets SGLang's 400. Each
+  load, unload and version update is recorded ({lora_load: name, lora_path}, {lora_unload: name},
+  {version_update: version, abort_all_requests}), and each generation that names an adapter
+  ({generated_by: name}).
 
 Usage: sglang.py MODEL_DIR PORT [--record FILE] [--fail-updates N] [--token-seconds S] [--tp N]
                    [--save DIR] [--group-timeout S]
@@ -67,6 +80,10 @@ args = parser.parse_args()
 
 tokenizer = Tokenizer.from_file(f"{args.model_dir}/tokenizer.json")
 state = {"weight_version": "default", "failures_left": args.fail_updates, "aborts": 0}
+# LoRA adapters loaded: name -> path, and the requests using each.
+adapters: dict[str, str] = {}
+adapter_users: dict[str, int] = {}
+served_name = os.path.basename(os.path.normpath(args.model_dir))
 # Tokens generated so far by each request in flight.
 in_flight: dict[int, int] = {}
 lock = threading.Lock()
@@ -112,6 +129,48 @@ def update_from_disk(body: dict) -> tuple[int, dict]:
         abort_all = bool(body.get("abort_all_requests"))
         record({"model_path": path, "weight_version": body.get("weight_version"), "abort_all_requests": abort_all})
     return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+
+
+def lora_update(path: str, body: dict) -> tuple[int, dict]:
+    """The LoRA routes and the version update, as SGLang answers them."""
+    name = body.get("lora_name")
+
+    def failed(message: str) -> tuple[int, dict]:
+        return 400, {"success": False, "error_message": message, "loaded_adapters": dict(adapters)}
+
+    if path == "/update_weight_version":
+        with lock:
+            if body.get("abort_all_requests"):
+                state["aborts"] += 1
+            state["weight_version"] = body["new_version"]
+            record({"version_update": body["new_version"], "abort_all_requests": bool(body.get("abort_all_requests"))})
+        return 200, {"success": True, "message": f"Weight version updated to {body['new_version']}",
+                     "new_version": body["new_version"]}
+    if path == "/load_lora_adapter":
+        folder = body.get("lora_path", "")
+        with lock:
+            if name in adapters:
+                return failed(f"Failed to load LoRA adapter {name} because it is already loaded")
+            try:
+                with open(os.path.join(folder, "adapter_config.json")) as f:
+                    config = json.load(f)
+                assert config.get("peft_type") == "LORA", f"peft_type {config.get('peft_type')}"
+                load_file(os.path.join(folder, "adapter_model.safetensors"))
+            except Exception as e:  # noqa: BLE001 - SGLang reports any failure of the load
+                return failed(f"Failed to load LoRA adapter {name} from {folder}: {e}")
+            adapters[name] = folder
+            adapter_users.setdefault(name, 0)
+            record({"lora_load": name, "lora_path": folder})
+        return 200, {"success": True, "error_message": None, "loaded_adapters": dict(adapters)}
+    # /unload_lora_adapter: new requests for it fail at once; those running finish first.
+    with lock:
+        if name not in adapters:
+            return failed(f"LoRA with name {name} does not exist. Loaded LoRAs: {list(adapters)}")
+        del adapters[name]
+    while adapter_users.get(name, 0) > 0:
+        time.sleep(0.01)
+    record({"lora_unload": name})
+    return 200, {"success": True, "error_message": None, "loaded_adapters": dict(adapters)}
 
 
 def init_custom_process_group(backend, init_method, timeout, world_size, rank, group_name):
@@ -236,6 +295,10 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(200, {"weight_version": state["weight_version"]})
         if self.path == "/in_flight":
             return self.send(200, {"tokens": max(in_flight.values(), default=0)})
+        if self.path == "/v1/models":
+            cards = [{"id": served_name, "object": "model", "root": args.model_dir, "parent": None}]
+            cards += [{"id": n, "object": "model", "root": p, "parent": served_name} for n, p in adapters.items()]
+            return self.send(200, {"object": "list", "data": cards})
         self.send(404, {"error": "not found"})
 
     def do_POST(self) -> None:
@@ -244,8 +307,26 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(*update_from_disk(body))
         if self.path in CONTROL:
             return self.send(*control_op(self.path, body))
+        if self.path in ("/load_lora_adapter", "/unload_lora_adapter", "/update_weight_version"):
+            return self.send(*lora_update(self.path, body))
         if self.path != "/generate":
             return self.send(404, {"error": "not found"})
+        adapter = body.get("lora_path")
+        if adapter is not None:
+            with lock:
+                if adapter not in adapters:
+                    message = f"The following requested LoRA adapters are not loaded: {adapter}\nLoaded adapters: {list(adapters)}"
+                    return self.send(400, {"error": {"message": message}})
+                adapter_users[adapter] = adapter_users.get(adapter, 0) + 1
+            record({"generated_by": adapter})
+        try:
+            self.generate(body)
+        finally:
+            if adapter is not None:
+                with lock:
+                    adapter_users[adapter] -= 1
+
+    def generate(self, body: dict) -> None:
         # The whole reply for the context before any generated tokens: a continued request carries
         # the tokens generated so far, which the reply goes on from.
         text = reply(body["input_ids"])

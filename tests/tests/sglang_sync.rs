@@ -5,7 +5,8 @@
 //! - `sglang_disk`: every replica loads every version as its `weight_version`, a failed update is
 //!   retried, the tokens carry the version that sampled them (so staleness is true), and a
 //!   replica that keeps failing fails the run, naming it, rather than letting it train on
-//!   replicas left on different weights;
+//!   replicas left on different weights; with LoRA the versions are the adapters alone, each
+//!   loaded under its own name, which the worker's requests give;
 //! - `sglang_broadcast`: the servers' workers (one, and two tensor-parallel ones) join the
 //!   trainer's group with `torch.distributed` over Gloo and receive every version in buckets, bit
 //!   for bit the trainer's weights; a server restarted mid-run joins a new group and catches up;
@@ -192,6 +193,48 @@ fn every_replica_loads_every_version_and_tokens_carry_it() {
     assert_eq!(records.len() as u64, STEPS, "{records:?}");
     for record in &records {
         assert_eq!(record["staleness/max"], 0.0, "tokens carry the version the servers report: {record}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// With LoRA every version reaches every replica as the adapters alone, loaded under a name of
+/// its own (SGLang loads a name once), made the server's version, the one before it kept and
+/// older ones unloaded; the worker's requests name the adapter of the server's version, and
+/// their tokens carry it.
+#[test]
+fn a_lora_run_publishes_its_adapters_alone_and_requests_name_them() {
+    let setup = Setup::start("kart-sglang-lora", 0);
+    let dir = &setup.dir;
+    let (succeeded, log) = setup.train(|config| config["lora"] = json!({"r": 2}));
+    assert!(succeeded, "{log}");
+    let name = |v: u64| format!("kart-policy-v{v}");
+    for record in [&setup.a.2, &setup.b.2] {
+        let entries = entries(record);
+        let updates: Vec<&Value> = entries.iter().filter(|e| e.get("generated_by").is_none()).collect();
+        let mut expected = Vec::new();
+        for v in 0..=STEPS {
+            let folder = dir.join("weights").join(format!("v{v}"));
+            expected.push(json!({"lora_load": name(v), "lora_path": folder}));
+            expected.push(json!({"version_update": v.to_string(), "abort_all_requests": false}));
+            if v >= 2 {
+                expected.push(json!({"lora_unload": name(v - 2)}));
+            }
+        }
+        assert_eq!(updates, expected.iter().collect::<Vec<_>>(), "{}", record.display());
+        assert!(updates.iter().all(|u| u.get("model_path").is_none()), "no full model: {updates:?}");
+        let named: Vec<&Value> = entries.iter().filter_map(|e| e.get("generated_by")).collect();
+        assert!(!named.is_empty(), "the worker's requests name the adapters");
+        let versions: Vec<String> = (0..STEPS).map(name).collect();
+        assert!(named.iter().all(|n| versions.iter().any(|v| n == &v.as_str())), "{named:?}");
+    }
+    for v in 0..=STEPS {
+        let folder = dir.join("weights").join(format!("v{v}"));
+        assert!(!folder.exists() || folder.join("adapter_config.json").is_file(), "{}", folder.display());
+    }
+    let records = step_records(&dir.join("out"));
+    assert_eq!(records.len() as u64, STEPS, "{records:?}");
+    for record in &records {
+        assert_eq!(record["staleness/max"], 0.0, "tokens carry the adapter's version: {record}");
     }
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -13,9 +13,9 @@
 //!   tried up to three times: SGLang through `/update_weights_from_disk`, vLLM paused, reloading
 //!   in place and resumed ([`VllmEngine::reload_from_disk`]). A replica that still fails fails the
 //!   publish, and with it the step: no step trains on trajectories of replicas left on different
-//!   weights. With LoRA, vLLM gets the adapters alone, a PEFT folder of megabytes loaded in place
-//!   over the base it keeps ([`VllmEngine::load_adapter`]); SGLang and the other methods get the
-//!   adapters merged into the base.
+//!   weights. With LoRA, SGLang and vLLM get the adapters alone, a PEFT folder of megabytes
+//!   loaded over the base they keep ([`SglangEngine::load_adapter`], [`VllmEngine::load_adapter`]);
+//!   the other methods get the adapters merged into the base.
 
 use kart_model::CausalLm;
 
@@ -92,16 +92,16 @@ fn bytes_of(tensors: &[(String, tch::Tensor)]) -> u64 {
 enum Folder {
     /// A Hugging Face model folder: the policy (with LoRA, its adapters merged in).
     Model,
-    /// A PEFT folder of the policy's adapters, which vLLM loads over the base it keeps.
+    /// A PEFT folder of the policy's adapters, which the servers load over the base they keep.
     Adapter,
 }
 
 impl Folder {
-    /// The folder `server` gets of `policy`.
-    fn of(server: InferenceServer, policy: &CausalLm) -> Folder {
-        match (server, policy.lora()) {
-            (InferenceServer::Vllm, Some(_)) => Folder::Adapter,
-            _ => Folder::Model,
+    /// The folder the servers get of `policy`.
+    fn of(policy: &CausalLm) -> Folder {
+        match policy.lora() {
+            Some(_) => Folder::Adapter,
+            None => Folder::Model,
         }
     }
 
@@ -263,7 +263,7 @@ impl Publisher {
             }
             Publisher::Disk { server, path, urls, source_dir, interrupt } => {
                 let folder = path.join(format!("v{version}"));
-                let kind = Folder::of(*server, policy);
+                let kind = Folder::of(policy);
                 let bytes = kind
                     .write(policy, &folder, source_dir)
                     .map_err(|source| SyncError::Write { version, source })?;
@@ -329,7 +329,7 @@ impl Publisher {
             Publisher::InProcess(_) | Publisher::HttpPull { .. } => Ok(0),
             Publisher::Broadcast(broadcaster) => Ok(broadcaster.catch_up(policy, version).await?.replicas),
             Publisher::Disk { server, path, interrupt, .. } => {
-                let kind = Folder::of(*server, policy);
+                let kind = Folder::of(policy);
                 let folder = path.join(format!("v{version}")).display().to_string();
                 let mut caught_up = 0;
                 for replica in behind {
@@ -369,9 +369,12 @@ async fn update_from_disk(
     let mut delays = UPDATE_RETRY.backoff().take(UPDATE_RETRY.retries as usize);
     loop {
         let updated = match (server, kind) {
-            (InferenceServer::Sglang, _) => {
+            (InferenceServer::Sglang, Folder::Model) => {
                 let engine = SglangEngine::new(replica, UPDATE_TIMEOUT);
                 engine.update_weights_from_disk(path, version, interrupt).await
+            }
+            (InferenceServer::Sglang, Folder::Adapter) => {
+                SglangEngine::new(replica, UPDATE_TIMEOUT).load_adapter(path, version, interrupt).await
             }
             (InferenceServer::Vllm, Folder::Model) => {
                 VllmEngine::control(replica, UPDATE_TIMEOUT).reload_from_disk(path, version).await
@@ -540,7 +543,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_lora_policy_publishes_its_adapters_alone_to_vllm_and_merged_to_sglang() {
+    async fn a_lora_policy_publishes_its_adapters_alone_to_vllm_and_merged_to_http_pull() {
         let model = kart_testing::model("tiny-qwen2");
         let mut policy = CausalLm::load(&model, tch::Device::Cpu).unwrap();
         let lora = kart_core::config::lora::LoraConfig { r: 2, ..Default::default() };
@@ -568,13 +571,14 @@ mod tests {
         );
         assert_eq!(seen[1].1, load);
 
-        let (sglang, sglang_seen) = fake_sglang().await;
+        // Workers pulling over HTTP get the merged model.
+        let pull_dir = dir.path().join("pull");
+        let from = PullFrom::new("http://127.0.0.1:1".into());
         let publisher =
-            Publisher::disk(InferenceServer::Sglang, dir.path().into(), vec![sglang], model, true);
+            Publisher::http_pull(Vec::new(), from, pull_dir.clone(), WeightStore::default(), 2, None);
         let published = publisher.publish(&policy, 5).await.unwrap();
         assert_eq!(published.bytes, tensor_bytes(&policy), "the merged model");
-        assert!(dir.path().join("v5/model.safetensors").is_file());
-        assert_eq!(sglang_seen.lock().unwrap().len(), 1);
+        assert!(pull_dir.join("v5.safetensors").is_file());
     }
 
     #[test]

@@ -1,60 +1,70 @@
-//! LoRA adapters on a RolloutPool's vLLM servers: a TrainingJob that publishes its adapters to
-//! the pool (`vllm_disk` with `lora`) needs servers started with `--enable-lora` and a
-//! `--max-lora-rank` of at least its `lora.r`. The operator adds both to the servers it runs for
-//! the pool, from the TrainingJobs that use it ([`needed_rank`], [`serve`]); ranks the user set
-//! lower than a job's are that job's invalid spec ([`fit`]).
+//! LoRA adapters on a RolloutPool's inference servers: a TrainingJob that publishes its adapters
+//! to the pool (`sglang_disk` or `vllm_disk` with `lora`) needs servers started with
+//! `--enable-lora` and a `--max-lora-rank` of at least its `lora.r` (SGLang also the projections
+//! adapters may target, `--lora-target-modules all`). The operator adds them to the servers it
+//! runs for the pool, from the TrainingJobs that use it ([`needed_rank`], [`serve`]); a rank the
+//! user set lower than a job's is that job's invalid spec ([`fit`]).
 
 use super::InvalidSpec;
 use super::rollout_pool::Inference;
 use crate::crd::{RolloutPool, TrainingJob};
 use kart_core::config::rollout::EngineConfig;
+use kart_core::config::train::InferenceServer;
 use kube::ResourceExt;
 
 /// The ranks vLLM takes for `--max-lora-rank` (`MaxLoRARanks` of `vllm/config/lora.py`).
 const VLLM_MAX_LORA_RANKS: [usize; 9] = [1, 8, 16, 32, 64, 128, 256, 320, 512];
-/// vLLM's `--max-lora-rank` when none is given.
+/// vLLM's `--max-lora-rank` when none is given (SGLang has none: it must be given).
 const VLLM_DEFAULT_MAX_LORA_RANK: usize = 16;
 
-/// What a vLLM server's arguments say of adapters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct LoraArgs {
-    /// `--enable-lora` is there.
-    enabled: bool,
-    /// The `--max-lora-rank` given, if any.
-    max_rank: Option<usize>,
+/// The server kind of `pool`'s engine, when it runs SGLang or vLLM.
+fn server_of(pool: &RolloutPool) -> Option<InferenceServer> {
+    match pool.spec.config.engine {
+        EngineConfig::Sglang { .. } => Some(InferenceServer::Sglang),
+        EngineConfig::Vllm { .. } => Some(InferenceServer::Vllm),
+        EngineConfig::Embedded { .. } => None,
+    }
 }
 
-impl LoraArgs {
-    /// Reads `args` (`--max-lora-rank N` or `--max-lora-rank=N`), of the servers of `pool`.
-    fn of(args: &[String], pool: &str) -> Result<LoraArgs, InvalidSpec> {
-        let given = args.iter().enumerate().find_map(|(i, a)| {
-            let rest = a.strip_prefix("--max-lora-rank")?;
-            match rest.strip_prefix('=') {
-                Some(value) => Some(value),
-                None if rest.is_empty() => Some(args.get(i + 1).map_or("", String::as_str)),
-                None => None,
-            }
-        });
-        let max_rank = given
-            .map(|value| {
-                value.parse::<usize>().ok().filter(|r| VLLM_MAX_LORA_RANKS.contains(r)).ok_or_else(|| {
-                    InvalidSpec::new(
-                        format!("RolloutPool {pool} spec.inference.args --max-lora-rank"),
-                        format!("{value:?}"),
-                        format!("vLLM takes one of {VLLM_MAX_LORA_RANKS:?}"),
-                    )
-                })
-            })
-            .transpose()?;
-        Ok(LoraArgs { enabled: args.iter().any(|a| a == "--enable-lora"), max_rank })
-    }
+/// The value of flag `name` in `args` (`name V` or `name=V`), if given.
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        let rest = a.strip_prefix(name)?;
+        match rest.strip_prefix('=') {
+            Some(value) => Some(value),
+            None if rest.is_empty() => Some(args.get(i + 1).map_or("", String::as_str)),
+            None => None,
+        }
+    })
+}
+
+/// The `--max-lora-rank` that `args` of `server`s of `pool` give, if any.
+fn max_rank(args: &[String], server: InferenceServer, pool: &str) -> Result<Option<usize>, InvalidSpec> {
+    let Some(value) = flag(args, "--max-lora-rank") else { return Ok(None) };
+    let rank = value.parse::<usize>().ok().filter(|&r| r > 0);
+    let rank = match server {
+        InferenceServer::Vllm => rank.filter(|r| VLLM_MAX_LORA_RANKS.contains(r)),
+        InferenceServer::Sglang => rank,
+    };
+    let takes = match server {
+        InferenceServer::Vllm => format!("vLLM takes one of {VLLM_MAX_LORA_RANKS:?}"),
+        InferenceServer::Sglang => "must be a positive number".to_string(),
+    };
+    rank.map(Some).ok_or_else(|| {
+        InvalidSpec::new(
+            format!("RolloutPool {pool} spec.inference.args --max-lora-rank"),
+            format!("{value:?}"),
+            takes,
+        )
+    })
 }
 
 /// Whether `tj` publishes adapters to the servers the operator runs for `pool`.
 fn publishes_to(tj: &TrainingJob, pool: &RolloutPool) -> bool {
+    let sync_server = tj.spec.config.weight_sync.servers().map(|(server, _)| server);
     tj.spec.config.publishes_adapters()
         && pool.spec.inference.is_some()
-        && matches!(pool.spec.config.engine, EngineConfig::Vllm { .. })
+        && server_of(pool).is_some_and(|server| sync_server == Some(server))
         && tj.spec.rollout_pool_ref.as_deref() == Some(pool.name_any().as_str())
         && tj.namespace() == pool.namespace()
 }
@@ -69,40 +79,55 @@ pub fn needed_rank(pool: &RolloutPool, jobs: &[TrainingJob]) -> Option<usize> {
         .max()
 }
 
-/// Makes `servers` load adapters of up to `rank`: `--enable-lora`, and vLLM's smallest
-/// `--max-lora-rank` that holds `rank` when the arguments give none and its default is too small.
-pub fn serve(servers: &mut Inference, rank: usize) {
+/// Makes `pool`'s `servers` load adapters of up to `rank`: `--enable-lora`; a `--max-lora-rank`
+/// that holds `rank` when the arguments give none (vLLM's smallest, and only when its default
+/// is too small); SGLang's `--lora-target-modules all` when they give none.
+pub fn serve(pool: &RolloutPool, servers: &mut Inference, rank: usize) {
+    let Some(server) = server_of(pool) else { return };
     let containers = servers.deployment.spec.as_mut().and_then(|s| s.template.spec.as_mut());
     let Some(container) = containers.and_then(|s| s.containers.first_mut()) else { return };
     let args = container.args.get_or_insert_default();
-    let (enabled, rank_given) = match LoraArgs::of(args, "") {
-        Ok(given) => (given.enabled, given.max_rank.is_some()),
-        // A rank vLLM refuses is the jobs' invalid spec ([`fit`]): left as it is.
-        Err(_) => (args.iter().any(|a| a == "--enable-lora"), true),
-    };
-    if !enabled {
+    // A rank the server refuses is the jobs' invalid spec ([`fit`]): left as it is.
+    let rank_given = !matches!(max_rank(args, server, ""), Ok(None));
+    if !args.iter().any(|a| a == "--enable-lora") {
         args.push("--enable-lora".into());
     }
-    if !rank_given && rank > VLLM_DEFAULT_MAX_LORA_RANK {
-        let fits = VLLM_MAX_LORA_RANKS.into_iter().find(|&r| r >= rank);
-        args.extend(["--max-lora-rank".into(), fits.unwrap_or(rank).to_string()]);
+    match server {
+        InferenceServer::Vllm if !rank_given && rank > VLLM_DEFAULT_MAX_LORA_RANK => {
+            let fits = VLLM_MAX_LORA_RANKS.into_iter().find(|&r| r >= rank);
+            args.extend(["--max-lora-rank".into(), fits.unwrap_or(rank).to_string()]);
+        }
+        InferenceServer::Sglang => {
+            if !rank_given {
+                args.extend(["--max-lora-rank".into(), rank.to_string()]);
+            }
+            if flag(args, "--lora-target-modules").is_none() {
+                args.extend(["--lora-target-modules".into(), "all".into()]);
+            }
+        }
+        InferenceServer::Vllm => {}
     }
 }
 
 /// Whether the servers the operator runs for `pool` can take `tj`'s adapters: a
 /// `--max-lora-rank` the pool's arguments give must hold `lora.r` (the operator adds the rest).
 pub fn fit(tj: &TrainingJob, pool: &RolloutPool) -> Result<(), InvalidSpec> {
-    let (Some(lora), Some(servers)) = (&tj.spec.config.lora, &pool.spec.inference) else { return Ok(()) };
+    let (Some(lora), Some(servers), Some(server)) =
+        (&tj.spec.config.lora, &pool.spec.inference, server_of(pool))
+    else {
+        return Ok(());
+    };
     if !publishes_to(tj, pool) {
         return Ok(());
     }
     let pool_name = pool.name_any();
-    match LoraArgs::of(&servers.args, &pool_name)?.max_rank {
+    match max_rank(&servers.args, server, &pool_name)? {
         Some(max_rank) if lora.r > max_rank => Err(InvalidSpec::new(
             "spec.config.lora.r",
             lora.r,
             format!(
-                "RolloutPool {pool_name}'s vLLM servers take adapters up to rank {max_rank} (--max-lora-rank in its spec.inference.args)"
+                "RolloutPool {pool_name}'s {} servers take adapters up to rank {max_rank} (--max-lora-rank in its spec.inference.args)",
+                server.name()
             ),
         )),
         _ => Ok(()),
@@ -133,7 +158,7 @@ mod tests {
     fn server_args(pool: &RolloutPool, rank: Option<usize>) -> Vec<String> {
         let mut servers = rollout_pool::children(pool, &Settings::default()).unwrap().inference.unwrap();
         if let Some(rank) = rank {
-            serve(&mut servers, rank);
+            serve(pool, &mut servers, rank);
         }
         let spec = servers.deployment.spec.unwrap().template.spec.unwrap();
         spec.containers[0].args.clone().unwrap()
@@ -157,7 +182,7 @@ mod tests {
         let jobs = [lora_job(8), lora_job(32), other_pool, merged, finished, full];
         assert_eq!(needed_rank(&pool, &jobs), Some(32));
         assert_eq!(needed_rank(&pool, &jobs[2..]), None);
-        assert_eq!(needed_rank(&fixtures::rollout_pool(), &jobs), None, "an SGLang pool");
+        assert_eq!(needed_rank(&fixtures::rollout_pool(), &jobs), None, "an SGLang pool, vllm_disk jobs");
     }
 
     #[test]
@@ -172,6 +197,20 @@ mod tests {
         args.extend(["--enable-lora".into(), "--max-lora-rank=64".into()]);
         let before = server_args(&given, None);
         assert_eq!(server_args(&given, Some(24)), before, "the user's arguments stand");
+    }
+
+    #[test]
+    fn sglang_servers_get_lora_the_rank_and_every_projection() {
+        let pool = fixtures::rollout_pool();
+        let mut tj = lora_job(24);
+        tj.spec.config.weight_sync = WeightSync::SglangDisk { path: "/weights".into(), urls: vec![] };
+        assert_eq!(needed_rank(&pool, std::slice::from_ref(&tj)), Some(24));
+        assert_eq!(needed_rank(&vllm_pool(), &[tj]), None, "an SGLang sync does not feed a vLLM pool");
+        let plain = server_args(&pool, None);
+        assert_eq!(
+            server_args(&pool, Some(24))[plain.len()..],
+            ["--enable-lora", "--max-lora-rank", "24", "--lora-target-modules", "all"]
+        );
     }
 
     #[test]

@@ -184,14 +184,16 @@ pub fn validate(tj: &TrainingJob) -> Result<(), InvalidSpec> {
 /// Whether the trainer's weight sync can keep the engine of `pool` (the RolloutPool of
 /// `rolloutPoolRef`) on its weights: `http_pull` for kart's embedded engine, `sglang_disk` or
 /// `sglang_broadcast` for SGLang, `vllm_disk` or `vllm_broadcast` for vLLM; and whether the
-/// vLLM servers the pool runs take the LoRA adapters `vllm_disk` publishes ([`adapters::fit`]).
+/// servers the pool runs take the LoRA adapters a disk sync publishes ([`adapters::fit`]).
 pub fn weight_sync_fits(tj: &TrainingJob, pool: &RolloutPool) -> Result<(), InvalidSpec> {
     let pool_name = pool.name_any();
     let sync = &tj.spec.config.weight_sync;
     let (engine, wanted) = match (&pool.spec.config.engine, sync.servers()) {
-        (EngineConfig::Vllm { .. }, Some((InferenceServer::Vllm, _))) => return adapters::fit(tj, pool),
-        (EngineConfig::Embedded { .. }, None)
-        | (EngineConfig::Sglang { .. }, Some((InferenceServer::Sglang, _))) => return Ok(()),
+        (EngineConfig::Vllm { .. }, Some((InferenceServer::Vllm, _)))
+        | (EngineConfig::Sglang { .. }, Some((InferenceServer::Sglang, _))) => {
+            return adapters::fit(tj, pool);
+        }
+        (EngineConfig::Embedded { .. }, None) => return Ok(()),
         (EngineConfig::Embedded { .. }, _) => ("embedded", "http_pull"),
         (EngineConfig::Sglang { .. }, _) => ("SGLang", "sglang_disk or sglang_broadcast"),
         (EngineConfig::Vllm { .. }, _) => ("vLLM", "vllm_disk or vllm_broadcast"),

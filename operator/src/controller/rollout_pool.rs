@@ -1,5 +1,5 @@
 //! The RolloutPool controller: worker Deployment, Service and ConfigMap, and the inference server
-//! Deployment and Service for SGLang or vLLM; readiness from the Deployments. vLLM servers also
+//! Deployment and Service for SGLang or vLLM; readiness from the Deployments. The servers also
 //! take the LoRA adapters of the TrainingJobs that publish theirs to the pool
 //! ([`crate::build::adapters`]), so a TrainingJob's change reconciles the pool it names.
 
@@ -14,7 +14,6 @@ use crate::status::rollout_pool::derive;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kart_core::config::rollout::EngineConfig;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
@@ -35,14 +34,12 @@ impl Kind for RolloutPool {
     ) -> Result<Outcome<RolloutPoolStatus>, Error> {
         ensure(ctx, &children.token).await?;
         apply(ctx, &children.config_map).await?;
-        if let Some(servers) = children.inference.as_mut()
-            && matches!(self.spec.config.engine, EngineConfig::Vllm { .. })
-        {
+        if let Some(servers) = children.inference.as_mut() {
             let namespace = self.namespace().unwrap_or_default();
             let jobs = Api::<TrainingJob>::namespaced(ctx.client.clone(), &namespace);
             let jobs = jobs.list(&ListParams::default()).await?.items;
             if let Some(rank) = adapters::needed_rank(self, &jobs) {
-                adapters::serve(servers, rank);
+                adapters::serve(self, servers, rank);
             }
         }
         let inference = match &children.inference {

@@ -698,10 +698,12 @@ impl Default for EvalConfig {
 }
 
 impl TrainConfig {
-    /// Whether each publish sends the LoRA adapters alone (a PEFT folder the vLLM servers load
-    /// over their base: `vllm_disk` with `lora`), rather than the model.
+    /// Whether each publish sends the LoRA adapters alone (a PEFT folder the SGLang or vLLM
+    /// servers load over their base: `sglang_disk` or `vllm_disk` with `lora`), rather than the
+    /// model.
     pub fn publishes_adapters(&self) -> bool {
-        self.lora.is_some() && matches!(self.weight_sync, WeightSync::VllmDisk { .. })
+        self.lora.is_some()
+            && matches!(self.weight_sync, WeightSync::SglangDisk { .. } | WeightSync::VllmDisk { .. })
     }
 
     /// Checks ranges and cross-field rules serde cannot express.

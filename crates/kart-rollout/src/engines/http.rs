@@ -92,6 +92,16 @@ impl HttpEngine {
         })
     }
 
+    /// The `id`s of `GET /v1/models` (the OpenAI-compatible list both servers have).
+    pub async fn models(&self) -> Result<Vec<String>, EngineError> {
+        let answer = self.get("/v1/models").await?;
+        let url = format!("GET {}/v1/models", self.base);
+        let data = answer["data"]
+            .as_array()
+            .ok_or_else(|| self.unavailable(&url, "malformed response: no `data` list"))?;
+        Ok(data.iter().filter_map(|m| m["id"].as_str().map(str::to_owned)).collect())
+    }
+
     /// A retryable failure of the request `what` (method and URL).
     pub fn unavailable(&self, what: &str, reason: impl std::fmt::Display) -> EngineError {
         EngineError::Unavailable { engine: self.engine.into(), reason: format!("{what}: {reason}") }

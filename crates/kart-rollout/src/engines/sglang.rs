@@ -26,6 +26,16 @@
 //! carry that version when it is an integer, otherwise the one recorded (by
 //! [`SglangEngine::set_version`]) when the request was sent.
 //!
+//! LoRA: a trainer of adapters publishes only them. SGLang refuses to load a name twice, so each
+//! version is loaded under its own name ([`adapter_name`]): [`SglangEngine::load_adapter`] loads
+//! the PEFT folder (`POST /load_lora_adapter`), makes the version the server's
+//! (`POST /update_weight_version`) and unloads the adapters older than the one before it
+//! (`POST /unload_lora_adapter`, which waits for the requests using them). A request names the
+//! adapter of the server's version as its `lora_path` once the server lists it (`GET /v1/models`,
+//! read again whenever `GET /get_weight_version` changes), and its tokens carry that version: an
+//! update of the version alone does not wait for the requests running, so the `weight_version`
+//! they finish with may already be the next one.
+//!
 //! Interrupted requests: an answer that finished with `abort` (a weight update with
 //! `abort_all_requests`) keeps the tokens and log-probabilities generated so far; the request is
 //! sent again with them appended to its `input_ids` and its `max_new_tokens` reduced, and goes on
@@ -36,11 +46,14 @@
 use super::TensorMeta;
 use super::http::HttpEngine;
 use futures::future::BoxFuture;
+use kart_core::config::lora::POLICY_ADAPTER;
 use kart_core::engine::{Engine, EngineError, EngineOutput};
 use kart_core::generation::FinishReason;
 use kart_core::generation::Generation;
 use kart_core::generation::GenerationRequest;
 use serde_json::{Value, json};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Continuations of one request after interruptions, before it fails as aborted.
@@ -68,17 +81,36 @@ pub struct UpdateGroup<'a> {
     pub backend: &'a str,
 }
 
+/// The name the trainer's adapters of policy `version` are loaded under on an SGLang server.
+pub fn adapter_name(version: i64) -> String {
+    format!("{POLICY_ADAPTER}-v{version}")
+}
+
+/// The version of an adapter named by [`adapter_name`].
+fn adapter_version(name: &str) -> Option<i64> {
+    name.strip_prefix(POLICY_ADAPTER)?.strip_prefix("-v")?.parse().ok()
+}
+
 /// An SGLang server reached over HTTP.
 #[derive(Debug)]
 pub struct SglangEngine {
     http: HttpEngine,
+    /// The server answered that it has no `/get_weight_version` (an SGLang before it).
+    unversioned: AtomicBool,
+    /// The server's version when last read, and the trainer's adapter of that version if the
+    /// server lists it.
+    adapter: Mutex<Option<(Option<i64>, Option<String>)>>,
 }
 
 impl SglangEngine {
     /// A client for the server at `base_url` (e.g. `http://sglang:30000`) with a per-request
     /// `timeout`, at policy version 0.
     pub fn new(base_url: &str, timeout: Duration) -> Self {
-        SglangEngine { http: HttpEngine::new("sglang", base_url, timeout) }
+        SglangEngine {
+            http: HttpEngine::new("sglang", base_url, timeout),
+            unversioned: AtomicBool::new(false),
+            adapter: Mutex::new(None),
+        }
     }
 
     /// The server's base URL.
@@ -113,6 +145,65 @@ impl SglangEngine {
         self.call("/update_weights_from_disk", &payload).await?;
         self.set_version(version);
         Ok(())
+    }
+
+    /// Loads the PEFT folder `path` (a path on the server's filesystem) as policy `version`: under
+    /// [`adapter_name`] (`POST /load_lora_adapter`, unless a try before loaded it), then as the
+    /// server's version (`POST /update_weight_version`, aborting the requests in flight when
+    /// `abort_all`), then unloads the trainer's adapters older than `version - 1`
+    /// (`POST /unload_lora_adapter`). Records `version`.
+    pub async fn load_adapter(&self, path: &str, version: i64, abort_all: bool) -> Result<(), EngineError> {
+        let name = adapter_name(version);
+        if !self.models().await?.contains(&name) {
+            self.call("/load_lora_adapter", &json!({"lora_name": name, "lora_path": path})).await?;
+        }
+        let update = json!({"new_version": version.to_string(), "abort_all_requests": abort_all});
+        self.call("/update_weight_version", &update).await?;
+        self.set_version(version);
+        for old in self.models().await? {
+            if adapter_version(&old).is_some_and(|v| v < version - 1) {
+                self.call("/unload_lora_adapter", &json!({ "lora_name": old })).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The models the server serves (`id`s of `GET /v1/models`): the served model and the LoRA
+    /// adapters loaded.
+    pub async fn models(&self) -> Result<Vec<String>, EngineError> {
+        self.http.models().await
+    }
+
+    /// The trainer's adapter a request sent now names, and its version: that of the server's
+    /// version, if the server lists it.
+    async fn current_adapter(&self) -> Result<Option<(String, i64)>, EngineError> {
+        if self.unversioned.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let version = match self.weight_version().await {
+            Ok(version) => version,
+            // A 404: the only 4xx of a GET, from a server without the route.
+            Err(EngineError::Invalid(_)) => {
+                self.unversioned.store(true, Ordering::Relaxed);
+                return Ok(None);
+            }
+            Err(error) => return Err(error),
+        };
+        let known = self.adapter.lock().expect("adapter lock").clone();
+        let name = match known {
+            Some((at, name)) if at == version => name,
+            _ => {
+                let wanted = version.map(adapter_name);
+                let listed = match &wanted {
+                    Some(wanted) => self.models().await?.contains(wanted),
+                    None => false,
+                };
+                let name = wanted.filter(|_| listed);
+                *self.adapter.lock().expect("adapter lock") = Some((version, name.clone()));
+                name
+            }
+        };
+        Ok(name.zip(version))
     }
 
     /// The server's tensor-parallel size (`tp_size` of `GET /get_server_info`): its workers, each
@@ -192,8 +283,8 @@ impl SglangEngine {
         Ok(())
     }
 
-    /// The `/generate` body for `request`.
-    fn payload(request: &GenerationRequest) -> Value {
+    /// The `/generate` body for `request`, sampled with the LoRA adapter `adapter` if any.
+    fn payload(request: &GenerationRequest, adapter: Option<&str>) -> Value {
         let sampling = &request.sampling;
         let mut params = json!({
             "temperature": sampling.temperature,
@@ -210,7 +301,12 @@ impl SglangEngine {
             // Older SGLang keeps seeds in an int32 tensor: send the low 31 bits.
             params["sampling_seed"] = json!(seed & 0x7fff_ffff);
         }
-        json!({"input_ids": request.input_ids, "sampling_params": params, "return_logprob": true})
+        let mut payload =
+            json!({"input_ids": request.input_ids, "sampling_params": params, "return_logprob": true});
+        if let Some(adapter) = adapter {
+            payload["lora_path"] = json!(adapter);
+        }
+        payload
     }
 
     /// The generation in a `/generate` answer, or why there is none; `recorded` is the version
@@ -271,9 +367,19 @@ impl Engine for SglangEngine {
             let (mut token_ids, mut logprobs, mut earlier) =
                 (Vec::new(), Vec::new(), Vec::<(usize, i64)>::new());
             for _ in 0..=MAX_INTERRUPTIONS {
+                let adapter = self.current_adapter().await?;
                 let recorded = self.version();
-                let answer = self.http.post("/generate", &Self::payload(&request)).await?;
-                let (ids, lps, version) = match self.parse(&url, &answer, recorded)? {
+                let payload = Self::payload(&request, adapter.as_ref().map(|(name, _)| name.as_str()));
+                let answer = self.http.post("/generate", &payload).await?;
+                let mut parsed = self.parse(&url, &answer, recorded)?;
+                // Sampled by the adapter named, whatever version the server reached meanwhile.
+                if let Some((_, sampled_by)) = adapter {
+                    match &mut parsed {
+                        Answer::Finished(output) => output.version = sampled_by,
+                        Answer::Interrupted { version, .. } => *version = sampled_by,
+                    }
+                }
+                let (ids, lps, version) = match parsed {
                     Answer::Finished(mut output) => {
                         token_ids.append(&mut output.generation.token_ids);
                         logprobs.append(&mut output.generation.logprobs);

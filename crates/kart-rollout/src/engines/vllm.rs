@@ -223,12 +223,7 @@ impl VllmEngine {
     /// The models the server serves (`id`s of `GET /v1/models`): the served model and the LoRA
     /// adapters loaded.
     pub async fn models(&self) -> Result<Vec<String>, EngineError> {
-        let answer = self.http.get("/v1/models").await?;
-        let url = format!("GET {}/v1/models", self.url());
-        let data = answer["data"]
-            .as_array()
-            .ok_or_else(|| self.http.unavailable(&url, "malformed response: no `data` list"))?;
-        Ok(data.iter().filter_map(|m| m["id"].as_str().map(str::to_owned)).collect())
+        self.http.models().await
     }
 
     /// The version a request sent now is sampled with (the server's, else the one recorded), and
