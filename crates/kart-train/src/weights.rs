@@ -222,8 +222,9 @@ impl Publisher {
         Publisher::Disk { server, path, urls, source_dir, interrupt }
     }
 
-    /// Publishes the policy's weights as `version` (with LoRA, its adapters merged into them); returns when every engine uses them (for HTTP
-    /// pull: when they are served and one worker per rollout URL that took the push uses them).
+    /// Publishes the policy's weights as `version` (with LoRA, its adapters alone where the engine
+    /// keeps the base, else merged into it); returns when every engine uses them (for HTTP pull:
+    /// when they are served and one worker per rollout URL that took the push uses them).
     pub async fn publish(&self, policy: &CausalLm, version: i64) -> Result<Published, SyncError> {
         match self {
             Publisher::InProcess(engine) => {
