@@ -37,8 +37,6 @@ pub struct VllmRun {
     pub replicas: [Vllm; 2],
     /// Where `vllm_disk` published: a folder `v{N}` per version.
     pub weights: PathBuf,
-    /// The run's `metrics.jsonl` lines.
-    pub records: Vec<Value>,
     _retriever: Child,
     _worker: Child,
     _copy: tempfile::TempDir,
@@ -117,7 +115,7 @@ pub fn train_through_vllm(
         figures("timing/step_s"),
         figures("timing/sync_s"),
     ));
-    VllmRun { dir, replicas, weights, records, _retriever: retriever, _worker: worker, _copy: copy }
+    VllmRun { dir, replicas, weights, _retriever: retriever, _worker: worker, _copy: copy }
 }
 
 /// A greedy request for 24 tokens.
