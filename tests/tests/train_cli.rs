@@ -235,8 +235,9 @@ fn overrides_on_the_command_line_change_the_config() {
 }
 
 /// LoRA through `kart train`: checkpoints and `model/` hold the adapters as a PEFT folder (not a
-/// copy of the model), the worker serves every version (the merged weights), and a run killed
-/// after its first checkpoint resumes from the adapters it saved.
+/// copy of the model), the worker serves every version (pulling the adapters alone, which its
+/// embedded engine applies over its base), and a run killed after its first checkpoint resumes
+/// from the adapters it saved.
 #[test]
 fn a_lora_run_checkpoints_its_adapters_and_resumes_from_them() {
     let dir = fresh_dir("kart-train-lora");
@@ -273,4 +274,21 @@ fn a_lora_run_checkpoints_its_adapters_and_resumes_from_them() {
     let metrics =
         kart_tests::http().get(format!("{}/metrics", services.worker_url)).send().unwrap().text().unwrap();
     assert!(metrics.contains(&format!("kart_rollout_policy_version {STEPS}")), "{metrics}");
+    assert!(!metrics.contains(r#"outcome="error""#), "every load of the adapters succeeded: {metrics}");
+    // What the worker pulled: the adapters alone, under PEFT's names.
+    let kept = std::fs::read_dir(out.join("weights")).unwrap().map(|e| e.unwrap().path()).max().unwrap();
+    let published = std::fs::read(&kept).unwrap();
+    let names: Vec<String> = safetensors::SafeTensors::deserialize(&published)
+        .unwrap()
+        .names()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert!(
+        !names.is_empty() && names.iter().all(|n| n.contains(".lora_A.") || n.contains(".lora_B.")),
+        "{names:?}"
+    );
+    let model = shared_dir().join("fixtures/models/tiny-qwen2/model.safetensors");
+    let model = std::fs::metadata(model).unwrap().len();
+    assert!((published.len() as u64) * 4 < model, "{} bytes published", published.len());
 }

@@ -5,6 +5,7 @@
 //! The contract that keeps rollouts token-exact: the engine returns the ids it sampled, never text
 //! to be re-tokenised, and each id's log-probability under `softmax(logits / T)`.
 
+use crate::config::lora::LoraConfig;
 use crate::generation::{Generation, GenerationRequest};
 use futures::future::BoxFuture;
 use std::path::PathBuf;
@@ -72,6 +73,12 @@ pub enum LoadWeightsError {
 /// load theirs themselves.
 pub trait LoadWeights: Send + Sync {
     /// Replaces the weights with those of the safetensors file `file` as policy `version`;
-    /// resolves once generations run on them.
-    fn load_weights(&self, file: PathBuf, version: i64) -> BoxFuture<'_, Result<(), LoadWeightsError>>;
+    /// resolves once generations run on them. With `lora`, the file holds LoRA adapters of those
+    /// settings alone (PEFT's names), which the engine applies over the base it started with.
+    fn load_weights(
+        &self,
+        file: PathBuf,
+        version: i64,
+        lora: Option<LoraConfig>,
+    ) -> BoxFuture<'_, Result<(), LoadWeightsError>>;
 }

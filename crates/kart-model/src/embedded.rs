@@ -5,11 +5,13 @@
 //! between steps too, once the sequences already running have finished (no admissions meanwhile),
 //! so every generation comes from exactly one policy version. A model with LoRA adapters attached
 //! generates with them, and a new version may be its adapters alone (PEFT's names), copied into
-//! place over the base it keeps.
+//! place over the base it keeps; adapters of other settings, or none, are attached or dropped as a
+//! version needs, never reloading the base.
 
 use crate::scheduler::SchedulerError;
 use crate::{CausalLm, Scheduler};
 use futures::future::BoxFuture;
+use kart_core::config::lora::LoraConfig;
 use kart_core::engine::{Engine, EngineError, EngineOutput, LoadWeights, LoadWeightsError};
 use kart_core::generation::GenerationRequest;
 use kart_tokenizer::Tokenizer;
@@ -26,7 +28,16 @@ pub type NamedTensors = Vec<(String, Tensor)>;
 
 enum Command {
     Generate(GenerationRequest, Reply),
-    LoadWeights { tensors: NamedTensors, version: i64, done: oneshot::Sender<Result<(), String>> },
+    LoadWeights { update: Update, version: i64, done: oneshot::Sender<Result<(), String>> },
+}
+
+/// The tensors of a new version and what they are.
+struct Update {
+    tensors: NamedTensors,
+    /// What the tensors are: parameters of the model as it is (its adapters' among them, where
+    /// attached), or with `Some(Some(lora))` every adapter of `lora` (attached first where the
+    /// model holds none of those settings) and with `Some(None)` the base's, adapters dropped.
+    adapters: Option<Option<LoraConfig>>,
 }
 
 /// A handle to the engine thread; cheap to clone.
@@ -55,25 +66,37 @@ impl EmbeddedEngine {
         EmbeddedEngine { commands }
     }
 
-    /// Replaces the weights with `tensors` (by name) as policy `version`, after the running
-    /// sequences finish. Resolves once the new weights are in place.
+    /// Replaces the weights with `tensors` (by name: the model's parameters, its adapters'
+    /// where attached) as policy `version`, after the running sequences finish. Resolves once the
+    /// new weights are in place.
     pub async fn load_tensors(&self, tensors: NamedTensors, version: i64) -> Result<(), LoadWeightsError> {
+        self.update(Update { tensors, adapters: None }, version).await
+    }
+
+    async fn update(&self, update: Update, version: i64) -> Result<(), LoadWeightsError> {
         let (done, wait) = oneshot::channel();
         let stopped = || LoadWeightsError::Rejected(stopped().to_string());
-        self.commands.send(Command::LoadWeights { tensors, version, done }).map_err(|_| stopped())?;
+        self.commands.send(Command::LoadWeights { update, version, done }).map_err(|_| stopped())?;
         wait.await.map_err(|_| stopped())?.map_err(LoadWeightsError::Rejected)
     }
 }
 
 impl LoadWeights for EmbeddedEngine {
-    fn load_weights(&self, file: PathBuf, version: i64) -> BoxFuture<'_, Result<(), LoadWeightsError>> {
+    /// A whole model drops the adapters the engine may hold; adapters (`lora`) are applied over
+    /// the base it keeps.
+    fn load_weights(
+        &self,
+        file: PathBuf,
+        version: i64,
+        lora: Option<LoraConfig>,
+    ) -> BoxFuture<'_, Result<(), LoadWeightsError>> {
         Box::pin(async move {
             let read = |e: &dyn std::fmt::Display| LoadWeightsError::Read(e.to_string());
             let tensors = tokio::task::spawn_blocking(move || Tensor::read_safetensors(&file))
                 .await
                 .map_err(|e| read(&e))?
                 .map_err(|e| read(&e))?;
-            self.load_tensors(tensors, version).await
+            self.update(Update { tensors, adapters: Some(lora) }, version).await
         })
     }
 }
@@ -133,14 +156,14 @@ impl EngineLoop {
                             }
                         }
                     }
-                    Command::LoadWeights { tensors, version, done } => {
-                        pending_load = Some((tensors, version, done))
+                    Command::LoadWeights { update, version, done } => {
+                        pending_load = Some((update, version, done))
                     }
                 }
             }
             if pending_load.is_some() && self.scheduler.running() == 0 {
-                let (tensors, version, done) = pending_load.take().expect("checked");
-                let result = self.load(&tensors);
+                let (update, version, done) = pending_load.take().expect("checked");
+                let result = self.load(update);
                 if result.is_ok() {
                     self.version = version;
                 }
@@ -161,11 +184,28 @@ impl EngineLoop {
         }
     }
 
-    /// Copies new parameter values into the model (its adapters' too), checking names and shapes.
-    fn load(&mut self, tensors: &NamedTensors) -> Result<(), String> {
+    /// Copies new parameter values into the model (its adapters' too), checking names and shapes;
+    /// attaches or drops adapters first as `update` asks.
+    fn load(&mut self, Update { tensors, adapters }: Update) -> Result<(), String> {
+        match adapters {
+            None => {}
+            Some(None) => self.model.detach_lora(),
+            Some(Some(lora)) => {
+                if self.model.lora().map(|a| a.config()) != Some(&lora) {
+                    self.model.detach_lora();
+                    self.model.attach_lora(&lora, 0).map_err(|e| format!("attaching LoRA adapters: {e}"))?;
+                }
+                let names: std::collections::BTreeSet<&str> =
+                    tensors.iter().map(|(n, _)| n.as_str()).collect();
+                let adapter_names = self.model.lora().map(|a| a.named_tensors()).unwrap_or_default();
+                if let Some((missing, _)) = adapter_names.iter().find(|(n, _)| !names.contains(n.as_str())) {
+                    return Err(format!("the adapters lack `{missing}`"));
+                }
+            }
+        }
         let mut vars = self.model.var_store().variables();
         vars.extend(self.model.lora().map(|a| a.named_tensors()).unwrap_or_default());
-        for (name, value) in tensors {
+        for (name, value) in &tensors {
             let var = vars.get_mut(name).ok_or_else(|| format!("unknown parameter `{name}`"))?;
             if var.size() != value.size() {
                 return Err(format!("parameter `{name}`: shape {:?}, got {:?}", var.size(), value.size()));
@@ -215,7 +255,7 @@ mod tests {
     async fn loaded_weights_generate_as_their_version() {
         let engine = engine();
         let file = kart_testing::model("tiny-qwen2").join("model.safetensors");
-        engine.load_weights(file, 3).await.unwrap();
+        engine.load_weights(file, 3, None).await.unwrap();
         assert_eq!(version(&engine).await, 3);
     }
 
@@ -223,9 +263,11 @@ mod tests {
     async fn a_new_version_may_be_the_adapters_alone() {
         let dir = kart_testing::model("tiny-qwen2");
         let lora = kart_core::config::lora::LoraConfig { r: 4, lora_alpha: 64.0, ..Default::default() };
+        // The in-process engine holds adapters already; a worker's starts from the base alone.
         let mut engine_model = CausalLm::load(&dir, tch::Device::Cpu).unwrap();
         engine_model.attach_lora(&lora, 1).unwrap();
-        let engine = EmbeddedEngine::spawn(engine_model, Tokenizer::load(&dir).unwrap(), 8, 0, 0);
+        let in_process = EmbeddedEngine::spawn(engine_model, Tokenizer::load(&dir).unwrap(), 8, 0, 0);
+        let worker = engine();
         // A policy whose adapters moved (B is zero when attached).
         let mut policy = CausalLm::load(&dir, tch::Device::Cpu).unwrap();
         policy.attach_lora(&lora, 2).unwrap();
@@ -243,11 +285,16 @@ mod tests {
             stop_token_ids: Vec::new(),
             ignore_eos: true,
         };
-        let before = engine.generate(request.clone()).await.unwrap().generation;
+        let before = in_process.generate(request.clone()).await.unwrap().generation;
         let copies = adapters.iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect();
-        engine.load_tensors(copies, 1).await.unwrap();
-        let after = engine.generate(request.clone()).await.unwrap();
+        in_process.load_tensors(copies, 1).await.unwrap();
+        let after = in_process.generate(request.clone()).await.unwrap();
         assert_eq!(after.version, 1);
+        let folder = tempfile::tempdir().unwrap();
+        let file = folder.path().join("adapters.safetensors");
+        Tensor::write_safetensors(&adapters, &file).unwrap();
+        worker.load_weights(file.clone(), 1, Some(lora.clone())).await.unwrap();
+        let pulled = worker.generate(request.clone()).await.unwrap();
         // What the policy's merged weights generate.
         let mut merged = CausalLm::load(&dir, tch::Device::Cpu).unwrap();
         let tensors = policy.merged_tensors();
@@ -258,9 +305,18 @@ mod tests {
             }
         });
         let reference = EmbeddedEngine::spawn(merged, Tokenizer::load(&dir).unwrap(), 8, 0, 0);
-        let expected = reference.generate(request).await.unwrap().generation;
+        let expected = reference.generate(request.clone()).await.unwrap().generation;
         assert_eq!(after.generation.token_ids, expected.token_ids);
+        assert_eq!((pulled.version, &pulled.generation.token_ids), (1, &expected.token_ids));
         assert_ne!(before.token_ids, expected.token_ids, "the adapters change what the model generates");
+        // Adapters missing a tensor are refused; a whole model drops the adapters.
+        let partial = folder.path().join("partial.safetensors");
+        Tensor::write_safetensors(&adapters[1..], &partial).unwrap();
+        let err = worker.load_weights(partial, 2, Some(lora)).await.unwrap_err();
+        assert!(err.to_string().contains(&adapters[0].0), "{err}");
+        worker.load_weights(dir.join("model.safetensors"), 3, None).await.unwrap();
+        let base = worker.generate(request).await.unwrap();
+        assert_eq!((base.version, &base.generation.token_ids), (3, &before.token_ids));
     }
 
     #[tokio::test]
@@ -268,11 +324,11 @@ mod tests {
         let engine = engine();
         let garbage = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(garbage.path(), b"not safetensors").unwrap();
-        let err = engine.load_weights(garbage.path().to_path_buf(), 5).await.unwrap_err();
+        let err = engine.load_weights(garbage.path().to_path_buf(), 5, None).await.unwrap_err();
         assert!(matches!(err, LoadWeightsError::Read(_)), "{err}");
         // Qwen3 has parameters (q_norm, k_norm) a Qwen2 model does not.
         let qwen3 = kart_testing::model("tiny-qwen3").join("model.safetensors");
-        let err = engine.load_weights(qwen3, 6).await.unwrap_err();
+        let err = engine.load_weights(qwen3, 6, None).await.unwrap_err();
         assert!(matches!(err, LoadWeightsError::Rejected(ref r) if r.contains("unknown parameter")), "{err}");
         assert_eq!(version(&engine).await, 0);
     }

@@ -528,6 +528,16 @@ impl CausalLm {
         self.vs.unfreeze();
     }
 
+    /// Drops the adapters, where attached, without merging them: the base model again,
+    /// trainable.
+    pub fn detach_lora(&mut self) {
+        let Some(adapters) = self.lora.take() else { return };
+        for &(layer, projection) in adapters.targets() {
+            self.layers[layer].projection_mut(projection).adapter = None;
+        }
+        self.vs.unfreeze();
+    }
+
     /// A fresh cache for `batch` sequences.
     pub fn new_cache(&self, batch: i64) -> KvCache {
         let c = &self.config;

@@ -5,6 +5,7 @@
 
 use futures::future::BoxFuture;
 use kart_core::agent::search_r1::{RetrievalResult, document};
+use kart_core::config::lora::LoraConfig;
 use kart_core::engine::{Engine, EngineError, EngineOutput, LoadWeights, LoadWeightsError};
 use kart_core::generation::{FinishReason, Generation, GenerationRequest};
 use kart_core::tool::{Search, Searched, ToolError};
@@ -103,7 +104,12 @@ impl Engine for ScriptedEngine {
 /// Takes any safetensors file as the weights of its version: the answers stay scripted, their
 /// tokens carry the new version.
 impl LoadWeights for ScriptedEngine {
-    fn load_weights(&self, file: PathBuf, version: i64) -> BoxFuture<'_, Result<(), LoadWeightsError>> {
+    fn load_weights(
+        &self,
+        file: PathBuf,
+        version: i64,
+        _lora: Option<LoraConfig>,
+    ) -> BoxFuture<'_, Result<(), LoadWeightsError>> {
         Box::pin(async move {
             let read = |e: &dyn std::fmt::Display| LoadWeightsError::Read(e.to_string());
             let bytes = tokio::fs::read(&file).await.map_err(|e| read(&e))?;

@@ -174,7 +174,8 @@ impl WeightLoader {
     }
 }
 
-/// Reads the safetensors file of `source` (downloading it first when it is a URL) into the engine.
+/// Reads the safetensors file of `source` (downloading it first when it is a URL) into the engine:
+/// a whole model, or with `source.lora` the adapters alone.
 async fn fetch_and_load(
     engine: &dyn LoadWeights,
     downloader: &Downloader,
@@ -187,7 +188,7 @@ async fn fetch_and_load(
         (None, Some(path)) => (path.clone(), false),
         (None, None) => unreachable!("a valid source has a url or a path"),
     };
-    let result = engine.load_weights(file.clone(), source.version).await;
+    let result = engine.load_weights(file.clone(), source.version, source.lora.clone()).await;
     if downloaded {
         let _ = tokio::fs::remove_file(&file).await;
     }
@@ -366,7 +367,13 @@ mod tests {
     }
 
     fn source(url: &str, version: i64) -> WeightSource {
-        WeightSource { version, url: Some(format!("{url}/weights/{version}")), path: None, run: None }
+        WeightSource {
+            version,
+            url: Some(format!("{url}/weights/{version}")),
+            path: None,
+            run: None,
+            lora: None,
+        }
     }
 
     fn of_run(source: WeightSource, run: &str) -> WeightSource {

@@ -338,7 +338,7 @@ mod tests {
     async fn each_task_is_a_request_naming_the_weights_of_its_version() {
         let (url, bodies) = recording_worker().await;
         let request = request(3);
-        for trainer in [Some(PullFrom::new("http://trainer:8002/".into())), None] {
+        for trainer in [Some(PullFrom::new("http://trainer:8002/".into(), None)), None] {
             let pool = RemotePool::new(
                 vec![url.clone()],
                 trainer.clone(),

@@ -831,7 +831,8 @@ fn connect(
     let publisher = match &config.weight_sync {
         WeightSync::HttpPull { advertise_url } => {
             let token = endpoints.serving.token;
-            let from = PullFrom::new(advertise_url.clone().unwrap_or(endpoints.serving.advertise_url));
+            let url = advertise_url.clone().unwrap_or(endpoints.serving.advertise_url);
+            let from = PullFrom::new(url, config.lora.clone());
             // Requests in flight name at most `max_staleness` versions before the newest.
             let keep = usize::try_from(config.rollout.max_staleness).unwrap_or(usize::MAX);
             let dir = config.output_dir.join("weights");

@@ -2,7 +2,8 @@
 //!
 //! - in process: the embedded engine gets copies of the tensors (with LoRA, of the adapters
 //!   alone: it generates with them over the base it keeps);
-//! - HTTP pull: the trainer writes `weights/v{version}.safetensors` and serves it at
+//! - HTTP pull: the trainer writes `weights/v{version}.safetensors` (with LoRA, the adapters
+//!   alone, which workers' embedded engines apply over the base they keep) and serves it at
 //!   `/weights/{version}`. Every `/rollout` request names its version and that URL, so a worker
 //!   that is behind (started late, restarted, or missed a push behind a Service) fetches it
 //!   before generating; pushing `POST /weights {version, url}` to each rollout URL is an
@@ -15,7 +16,7 @@
 //!   publish, and with it the step: no step trains on trajectories of replicas left on different
 //!   weights. With LoRA, SGLang and vLLM get the adapters alone, a PEFT folder of megabytes
 //!   loaded over the base they keep ([`SglangEngine::load_adapter`], [`VllmEngine::load_adapter`]);
-//!   the other methods get the adapters merged into the base.
+//!   the broadcasts get the adapters merged into the base.
 
 use kart_model::CausalLm;
 
@@ -26,6 +27,7 @@ use kart_model::save_pretrained;
 
 use crate::broadcast::Broadcaster;
 use crate::replicas::{self, ResolveError};
+use kart_core::config::lora::LoraConfig;
 use kart_core::config::retry::RetryPolicy;
 use kart_core::config::train::InferenceServer;
 use kart_core::engine::{EngineError, LoadWeightsError};
@@ -77,11 +79,6 @@ pub struct Published {
 pub(crate) const UPDATE_RETRY: RetryPolicy = RetryPolicy { retries: 2, backoff_ms: 1000 };
 /// How long one replica may take to load a version.
 pub(crate) const UPDATE_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// Bytes of the policy's tensors (with LoRA, of the merged model it publishes).
-pub(crate) fn tensor_bytes(policy: &CausalLm) -> u64 {
-    bytes_of(&policy.named_tensors())
-}
 
 fn bytes_of(tensors: &[(String, tch::Tensor)]) -> u64 {
     tensors.iter().map(|(_, t)| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum()
@@ -150,18 +147,21 @@ pub fn weights_url(advertise_url: &str, version: i64) -> String {
 /// Where workers pull this trainer's weights, and which attempt of the run it is: a resumed run
 /// numbers its versions again from its checkpoint, so every source names its attempt and a
 /// worker holding another attempt's weights loads them whatever their number.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PullFrom {
     /// The trainer's advertised base URL.
     pub advertise_url: String,
     /// This attempt's id, new for every trainer process.
     pub run: String,
+    /// With LoRA, the adapters' settings: each version is the adapters alone.
+    pub lora: Option<LoraConfig>,
 }
 
 impl PullFrom {
-    /// The weights served at `advertise_url` by a new attempt.
-    pub fn new(advertise_url: String) -> Self {
-        PullFrom { advertise_url, run: format!("{:016x}", rand::random::<u64>()) }
+    /// The weights served at `advertise_url` by a new attempt: whole models, or with `lora` the
+    /// adapters of those settings alone.
+    pub fn new(advertise_url: String, lora: Option<LoraConfig>) -> Self {
+        PullFrom { advertise_url, run: format!("{:016x}", rand::random::<u64>()), lora }
     }
 
     /// The weight source of `version`: the body of `POST /weights` and the `weights` of a
@@ -172,6 +172,7 @@ impl PullFrom {
             url: Some(weights_url(&self.advertise_url, version)),
             path: None,
             run: Some(self.run.clone()),
+            lora: self.lora.clone(),
         }
     }
 }
@@ -241,8 +242,8 @@ impl Publisher {
             }
             Publisher::HttpPull { workers, from, dir, store, keep, client } => {
                 let file = dir.join(format!("v{version}.safetensors"));
-                let bytes = tensor_bytes(policy);
-                write_safetensors(policy, &file).map_err(|source| SyncError::Write { version, source })?;
+                let bytes = write_safetensors(policy, from.lora.is_some(), &file)
+                    .map_err(|source| SyncError::Write { version, source })?;
                 for old in store.publish(version, file, *keep) {
                     let _ = std::fs::remove_file(old);
                 }
@@ -401,12 +402,18 @@ fn client(token: Option<&Token>) -> reqwest::Client {
         .expect("an HTTP client")
 }
 
-fn write_safetensors(policy: &CausalLm, file: &Path) -> Result<(), ModelError> {
+/// Writes the policy's adapters (PEFT's names, in their own kind) when `adapters` and it has
+/// them, else the model with any adapters merged, to `file`; returns the tensors' bytes.
+fn write_safetensors(policy: &CausalLm, adapters: bool, file: &Path) -> Result<u64, ModelError> {
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir).map_err(FileError::io(dir))?;
     }
-    let tensors = policy.merged_tensors();
-    save_safetensors(file, tensors.iter().map(|(n, t)| (n.as_str(), t)), policy.kind())
+    let (tensors, kind) = match policy.lora().filter(|_| adapters) {
+        Some(lora) => (lora.named_tensors(), tch::Kind::Float),
+        None => (policy.merged_tensors(), policy.kind()),
+    };
+    save_safetensors(file, tensors.iter().map(|(n, t)| (n.as_str(), t)), kind)?;
+    Ok(bytes_of(&tensors))
 }
 
 /// Posts `body` to `url`; a `409 Conflict` (a worker whose engine loads no weights through it) is
@@ -544,7 +551,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_lora_policy_publishes_its_adapters_alone_to_vllm_and_merged_to_http_pull() {
+    async fn a_lora_policy_publishes_its_adapters_alone_to_vllm_and_to_http_pull() {
         let model = kart_testing::model("tiny-qwen2");
         let mut policy = CausalLm::load(&model, tch::Device::Cpu).unwrap();
         let lora = kart_core::config::lora::LoraConfig { r: 2, ..Default::default() };
@@ -562,7 +569,8 @@ mod tests {
         assert_eq!(files, ["adapter_config.json", "adapter_model.safetensors"].map(String::from).into());
         let adapters = policy.lora().unwrap().named_tensors();
         assert_eq!(published.bytes, adapters.iter().map(|(_, t)| t.numel() as u64 * 4).sum::<u64>());
-        assert!(published.bytes * 10 < tensor_bytes(&policy), "{published:?}");
+        let model_bytes = bytes_of(&policy.named_tensors());
+        assert!(published.bytes * 10 < model_bytes, "{published:?}");
         let load = json!({"lora_name": kart_core::config::lora::POLICY_ADAPTER, "lora_path": folder, "load_inplace": true});
         let seen = vllm_seen.lock().unwrap().clone();
         let routes: Vec<&str> = seen.iter().map(|(route, _)| route.as_str()).collect();
@@ -572,19 +580,29 @@ mod tests {
         );
         assert_eq!(seen[1].1, load);
 
-        // Workers pulling over HTTP get the merged model.
+        // Workers pulling over HTTP get the adapters alone, and their sources say so; without
+        // LoRA in the sources, the merged model.
         let pull_dir = dir.path().join("pull");
-        let from = PullFrom::new("http://127.0.0.1:1".into());
+        let from = PullFrom::new("http://127.0.0.1:1".into(), Some(lora.clone()));
+        assert_eq!(from.source(5).lora, Some(lora));
         let publisher =
             Publisher::http_pull(Vec::new(), from, pull_dir.clone(), WeightStore::default(), 2, None);
-        let published = publisher.publish(&policy, 5).await.unwrap();
-        assert_eq!(published.bytes, tensor_bytes(&policy), "the merged model");
-        assert!(pull_dir.join("v5.safetensors").is_file());
+        assert_eq!(publisher.publish(&policy, 5).await.unwrap().bytes, published.bytes);
+        let file = tch::Tensor::read_safetensors(pull_dir.join("v5.safetensors")).unwrap();
+        let names = |t: &[(String, tch::Tensor)]| {
+            t.iter().map(|(n, _)| n.clone()).collect::<std::collections::BTreeSet<_>>()
+        };
+        assert_eq!(names(&file), names(&adapters));
+        let from = PullFrom::new("http://127.0.0.1:1".into(), None);
+        let publisher =
+            Publisher::http_pull(Vec::new(), from, pull_dir.clone(), WeightStore::default(), 2, None);
+        assert_eq!(publisher.publish(&policy, 6).await.unwrap().bytes, model_bytes, "the merged model");
     }
 
     #[test]
     fn every_attempt_names_itself_in_its_sources() {
-        let (a, b) = (PullFrom::new("http://t:8002/".into()), PullFrom::new("http://t:8002/".into()));
+        let (a, b) =
+            (PullFrom::new("http://t:8002/".into(), None), PullFrom::new("http://t:8002/".into(), None));
         assert_ne!(a.run, b.run);
         let source = a.source(4);
         assert_eq!(source.url.as_deref(), Some("http://t:8002/weights/4"));

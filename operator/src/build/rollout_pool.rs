@@ -274,6 +274,7 @@ mod tests {
             url: Some("http://run-trainer.ml.svc:8002/weights/1".into()),
             path: None,
             run: None,
+            lora: None,
         };
         config.weight_sources.admits(&trainer).unwrap();
         match &config.engine {

@@ -99,7 +99,13 @@ mod tests {
     use super::*;
 
     fn source(url: Option<&str>, path: Option<&Path>) -> WeightSource {
-        WeightSource { version: 1, url: url.map(Into::into), path: path.map(Into::into), run: None }
+        WeightSource {
+            version: 1,
+            url: url.map(Into::into),
+            path: path.map(Into::into),
+            run: None,
+            lora: None,
+        }
     }
 
     #[test]

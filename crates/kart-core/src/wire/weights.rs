@@ -1,6 +1,7 @@
 //! Where a policy version's weights are: what the trainer names and a worker loads.
 
 use super::InvalidField;
+use crate::config::lora::LoraConfig;
 use crate::config::rollout::is_http_url;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -22,6 +23,10 @@ pub struct WeightSource {
     /// another attempt load it whatever its number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
+    /// With LoRA, the adapters' settings: the file then holds the adapters alone (PEFT's tensor
+    /// names), applied over the base model the engine started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 const ONE_OF: &str = "give exactly one of `url` and `path`";
@@ -32,6 +37,11 @@ impl WeightSource {
         let invalid = |field: &str, reason: String| Err(InvalidField::new(field, reason));
         if self.version < 0 {
             return invalid("version", format!("{} is negative", self.version));
+        }
+        if let Some(lora) = &self.lora {
+            lora.validate().map_err(|e| {
+                InvalidField::new(format!("lora.{}", e.field), format!("{} {}", e.value, e.reason))
+            })?;
         }
         match (&self.url, &self.path) {
             (Some(url), None) if !is_http_url(url) => {
@@ -54,6 +64,7 @@ mod tests {
             (r#"{"version": 1}"#, "url"),
             (r#"{"version": 1, "url": "http://t/w", "path": "/w"}"#, "url"),
             (r#"{"version": 1, "url": "/weights/1"}"#, "url"),
+            (r#"{"version": 1, "url": "http://t/weights/1", "lora": {"r": 0}}"#, "lora.r"),
         ];
         for (text, field) in bad {
             let source: WeightSource = serde_json::from_str(text).unwrap();
@@ -64,6 +75,12 @@ mod tests {
         }
         let source: WeightSource = serde_json::from_str(r#"{"version": 2, "path": "/w"}"#).unwrap();
         assert!(source.validate().is_ok());
+        let adapters: WeightSource = serde_json::from_str(
+            r#"{"version": 2, "path": "/w", "lora": {"r": 4, "target_modules": "all-linear"}}"#,
+        )
+        .unwrap();
+        assert_eq!(adapters.lora.as_ref().map(|l| l.r), Some(4));
+        assert!(adapters.validate().is_ok());
         assert!(serde_json::from_str::<WeightSource>(r#"{"version": 2, "uri": "x"}"#).is_err());
     }
 }

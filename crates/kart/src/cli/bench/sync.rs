@@ -323,7 +323,7 @@ async fn pull(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(async move { kart_http::serve(listener, app).await });
-    let from = PullFrom::new(url);
+    let from = PullFrom::new(url, None);
     let publisher = Publisher::http_pull(Vec::new(), from.clone(), dir.join("pull"), store, 2, None);
     let loads =
         prometheus::IntCounterVec::new(prometheus::Opts::new("loads", "loads"), &["trigger", "outcome"])?;
