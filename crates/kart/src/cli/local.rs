@@ -96,6 +96,13 @@ pub struct LocalArgs {
     /// them keep the model looking values up rather than recalling them (0: none).
     #[arg(long, default_value_t = 2)]
     fact_drill_every: u64,
+    /// Draws of the warm-start persons' and companies' facts (birthplaces, years, employers,
+    /// spouses, headquarters; the names and questions stay) that the gold trajectories are read
+    /// from, one per pass over the warm-start questions, cycled: a later pass over a question
+    /// states other facts, so its values can only be copied from the search results, never
+    /// recalled from an earlier pass (default: one per pass; 1: the world's own facts only).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    gold_draws: Option<u64>,
     /// Gold trajectories per warm-start update.
     #[arg(long, default_value_t = 8)]
     warm_batch: usize,
@@ -232,6 +239,8 @@ struct Config {
     init_std: f64,
     vocab: usize,
     warm_start: WarmStart,
+    /// Draws of the warm-start facts (`None`: one per pass over the warm-start questions).
+    gold_draws: Option<u64>,
     probe_rounds: u32,
     rl_steps: u64,
     prompts: usize,
@@ -417,6 +426,7 @@ impl Config {
                     ..GoldConfig::default()
                 },
             },
+            gold_draws: args.gold_draws,
             probe_rounds: args.probe_rounds,
             rl_steps: args.steps,
             prompts: args.prompts,
@@ -453,14 +463,9 @@ fn build_world(config: &Config) -> anyhow::Result<WorldOnDisk> {
         })?;
     let world_dir = config.out.join("world");
     std::fs::create_dir_all(&world_dir)?;
-    world.write_corpus(&world_dir.join("corpus.jsonl"))?;
+    let index = index_of(&world, &world_dir)?;
     let data = world.write_dataset(&world_dir, config.format)?;
     let index_dir = world_dir.join("index");
-    if index_dir.exists() {
-        std::fs::remove_dir_all(&index_dir)?;
-    }
-    bm25::build(&world_dir.join("corpus.jsonl"), &index_dir, 64 << 20, |_, _, _| ())?;
-    let index = Bm25Index::open(&index_dir)?;
     eprintln!(
         "world: {} persons, {} passages; {} warm-start, {} RL and {} held-out questions",
         world.persons.len(),
@@ -470,6 +475,19 @@ fn build_world(config: &Config) -> anyhow::Result<WorldOnDisk> {
         world.test.len()
     );
     Ok(WorldOnDisk { world, data, index_dir, index })
+}
+
+/// Writes `world`'s corpus (`corpus.jsonl`) and its BM25 index (`index/`) into `dir`, replacing
+/// an earlier run's, and opens the index.
+fn index_of(world: &World, dir: &Path) -> anyhow::Result<Bm25Index> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    world.write_corpus(&dir.join("corpus.jsonl"))?;
+    let index_dir = dir.join("index");
+    if index_dir.exists() {
+        std::fs::remove_dir_all(&index_dir)?;
+    }
+    bm25::build(&dir.join("corpus.jsonl"), &index_dir, 64 << 20, |_, _, _| ())?;
+    Ok(Bm25Index::open(&index_dir)?)
 }
 
 /// The model made from scratch.
@@ -556,16 +574,31 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
     let parameters: i64 = model.named_tensors().iter().map(|(_, t)| t.numel() as i64).sum();
     let gold = GoldConfig { seed: config.seed, ..config.warm_start.gold };
     let agent = Agent { format: config.format, tokenizer: &tokenizer, template: &template };
-    let trajectories = warm_start::gold_trajectories(&world.world, &gold, &world.index, &agent, 3)?;
-    let mean_len =
-        trajectories.iter().map(|t| t.len()).sum::<usize>() as f64 / trajectories.len().max(1) as f64;
+    let ws = &config.warm_start;
+    let passes = (ws.steps as usize * ws.batch).div_ceil(world.world.warm_start.len().max(1)).max(1);
+    let draws = config.gold_draws.unwrap_or(passes as u64);
+    let trajectories = (0..draws)
+        .map(|draw| -> anyhow::Result<Vec<_>> {
+            let redrawn = world.world.redrawn(draw)?;
+            let own;
+            let index = match draw {
+                0 => &world.index,
+                _ => {
+                    own = index_of(&redrawn, &config.out.join(format!("world/draws/{draw}")))?;
+                    &own
+                }
+            };
+            Ok(warm_start::gold_trajectories(&redrawn, &gold, index, &agent, 3)?)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (tokens, count) = trajectories.iter().flatten().fold((0, 0), |(t, n), x| (t + x.len(), n + 1));
     eprintln!(
-        "model: Qwen2, {:.2}M parameters, vocabulary {}; warm start on {} gold trajectories ({mean_len:.0} tokens on average)",
+        "model: Qwen2, {:.2}M parameters, vocabulary {}; warm start on {} gold trajectories in {draws} draw(s) of the warm-start facts ({:.0} tokens on average)",
         parameters as f64 / 1e6,
         tokenizer.vocab_size(),
-        trajectories.len()
+        count,
+        tokens as f64 / f64::from(count.max(1))
     );
-    let ws = &config.warm_start;
     // The copy and fact drills of `ws`'s updates.
     let drills = |ws: &WarmStart, seed| -> anyhow::Result<_> {
         Ok((

@@ -196,8 +196,10 @@ pub struct Lessons<'a> {
     pub copies: &'a [Trajectory],
     /// Fact drills, each once.
     pub facts: &'a [Trajectory],
-    /// Gold trajectories, cycled in a seeded order.
-    pub gold: &'a [Trajectory],
+    /// Gold trajectories, one set per draw of the world's warm-start facts
+    /// ([`World::redrawn`]), each of the same questions in the same order. They are cycled in a
+    /// seeded order, pass `k` over the questions reading draw `k` modulo their number.
+    pub gold: &'a [Vec<Trajectory>],
 }
 
 /// Trains `model` on the copy drills (`config.copy_steps` updates), then the fact drills
@@ -206,16 +208,18 @@ pub struct Lessons<'a> {
 /// measure, given the updates done) is measured after every period of updates.
 pub fn train(
     model: &CausalLm,
-    Lessons { copies, facts, gold: trajectories }: Lessons<'_>,
+    Lessons { copies, facts, gold: draws }: Lessons<'_>,
     config: &WarmStart,
     seed: u64,
     probe: Option<(u64, &dyn Fn(u64) -> CopyProbe)>,
     bar: &ProgressBar,
 ) -> Vec<Update> {
-    let schedule = config.schedule(!copies.is_empty(), !facts.is_empty(), !trajectories.is_empty());
+    let questions = draws.first().map_or(0, Vec::len);
+    assert!(draws.iter().all(|d| d.len() == questions), "every draw has a trajectory of each question");
+    let schedule = config.schedule(!copies.is_empty(), !facts.is_empty(), questions > 0);
     // One pool of drills, taken in order: the copy drills' updates, then the fact drills'.
     let drills: Vec<Sample> = copies.iter().chain(facts).map(copy_sample).collect();
-    let samples: Vec<Sample> = trajectories.iter().map(copy_sample).collect();
+    let samples: Vec<Sample> = draws.iter().flatten().map(copy_sample).collect();
     let optim = OptimConfig {
         lr: config.lr,
         warmup_ratio: 0.05,
@@ -225,7 +229,7 @@ pub fn train(
         ..OptimConfig::default()
     };
     let mut optimizer = AdamW::new(model.named_tensors(), optim.clone());
-    let order = kart_train::data::permutation(seed, 0, samples.len());
+    let order = kart_train::data::permutation(seed, 0, questions);
     let total = schedule.len() as u64;
     let mut updates = Vec::with_capacity(schedule.len());
     let (mut drill_updates, mut gold_updates) = (0, 0);
@@ -233,7 +237,7 @@ pub fn train(
         let (pooled, rows) = match pool {
             Pool::Gold => {
                 gold_updates += 1;
-                (&samples, rows(gold_updates - 1, config.batch, |i| order[i % order.len()]))
+                (&samples, rows(gold_updates - 1, config.batch, |i| gold_row(i, &order, draws.len())))
             }
             Pool::Copies | Pool::Facts => {
                 drill_updates += 1;
@@ -259,6 +263,13 @@ pub fn train(
 /// The rows of a pool's `k`-th update: `batch` consecutive positions, each mapped by `row`.
 fn rows(k: usize, batch: usize, row: impl Fn(usize) -> usize) -> Vec<usize> {
     (k * batch..(k + 1) * batch).map(row).collect()
+}
+
+/// The sample at position `i` of the gold pool: question `order[i % n]` of draw `(i / n) % draws`
+/// (the draws one after another, `n` questions each).
+fn gold_row(i: usize, order: &[usize], draws: usize) -> usize {
+    let n = order.len();
+    (i / n % draws) * n + order[i % n]
 }
 
 /// One warm-start update: what it trained on, and its loss per trained token.
@@ -321,7 +332,10 @@ mod tests {
         let order = [4, 0, 3, 1, 2];
         assert_eq!(rows(0, 2, |i| i % 6), [0, 1]);
         assert_eq!(rows(3, 2, |i| i % 6), [0, 1], "drills repeat when there are fewer than taken");
-        assert_eq!(rows(2, 2, |i| order[i % order.len()]), [2, 4]);
+        assert_eq!(rows(2, 2, |i| gold_row(i, &order, 1)), [2, 4]);
+        // The second pass over the questions reads the second draw, the third the first again.
+        assert_eq!(rows(2, 3, |i| gold_row(i, &order, 2)), [5, 8, 6]);
+        assert_eq!(rows(4, 3, |i| gold_row(i, &order, 2)), [3, 1, 2]);
     }
 
     #[test]

@@ -365,6 +365,42 @@ impl World {
         Ok(world)
     }
 
+    /// This world with the facts of its warm-start partition drawn again (seeded by `draw`):
+    /// the same names, occupations and questions, the same test and train partitions (their
+    /// passages word for word), new birthplaces, birth years, employers, spouses, founding years
+    /// and headquarters for the warm start's persons and companies, and the corpus and
+    /// warm-start answers that follow from them. Gold trajectories read from a fresh draw in
+    /// each pass over the warm-start questions can only be predicted by copying what the
+    /// searches return, never by recalling an earlier pass; draw 0 is this world.
+    pub fn redrawn(&self, draw: u64) -> Result<World, WorldError> {
+        if draw == 0 {
+            return Ok(self.clone());
+        }
+        let [_, _, warm] = validate(&self.config)?;
+        let mut world = self.clone();
+        let mut rng = Rng::stream(self.config.seed ^ draw.rotate_left(32), "redrawn facts");
+        for c in &mut world.companies[warm.companies.clone()] {
+            c.founded = rng.between(FOUNDING_YEARS.0, FOUNDING_YEARS.1);
+            c.headquarters = rng.below(self.cities.len());
+        }
+        for p in &mut world.persons[warm.persons.clone()] {
+            p.birthplace = rng.below(self.cities.len());
+            p.birth_year = rng.between(BIRTH_YEARS.0, BIRTH_YEARS.1);
+            p.employer = warm.companies.start + rng.below(warm.companies.len());
+        }
+        // New couples among the married, so that the same persons are asked the same questions.
+        let mut married: Vec<usize> =
+            warm.persons.clone().filter(|&p| self.persons[p].spouse.is_some()).collect();
+        rng.shuffle(&mut married);
+        for pair in married.chunks_exact(2) {
+            world.persons[pair[0]].spouse = Some(pair[1]);
+            world.persons[pair[1]].spouse = Some(pair[0]);
+        }
+        world.passages = world.corpus();
+        world.warm_start = world.questions(warm.persons, warm.companies, "warm-start");
+        Ok(world)
+    }
+
     /// The entity named `name`.
     pub fn entity(&self, name: &str) -> Option<Entity> {
         self.names.get(name).copied()

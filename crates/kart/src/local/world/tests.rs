@@ -179,3 +179,41 @@ fn bad_configs_are_refused_naming_the_field() {
     assert_eq!(refused(WorldConfig { train_questions: 400, ..small(1) }), "train_questions");
     assert_eq!(refused(WorldConfig { companies: 1, ..small(1) }), "companies");
 }
+
+#[test]
+fn a_redrawn_world_keeps_its_names_and_questions_and_draws_the_warm_starts_facts_again() {
+    let world = World::generate(&small(5)).unwrap();
+    assert_eq!(world.redrawn(0).unwrap().passages, world.passages);
+    let again = world.redrawn(1).unwrap();
+    assert_eq!((&again.test, &again.train), (&world.test, &world.train));
+    let names = |w: &World| w.persons.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&again), names(&world));
+    let questions = |w: &World| w.warm_start.iter().map(|q| q.question.clone()).collect::<HashSet<_>>();
+    assert_eq!(questions(&again), questions(&world));
+    // The held-out and RL entities' passages are word for word the same; the warm start's differ.
+    let held: HashSet<&str> =
+        world.test.iter().chain(&world.train).map(|q| q.hops[0].title.as_str()).collect();
+    let passage =
+        |w: &'_ World, title: &str| w.passages.iter().find(|p| p.title == title).unwrap().text.clone();
+    for title in &held {
+        assert_eq!(passage(&again, title), passage(&world, title), "{title}");
+    }
+    let changed = world
+        .warm_start
+        .iter()
+        .filter(|q| passage(&again, &q.hops[0].title) != passage(&world, &q.hops[0].title));
+    assert!(changed.count() * 10 > world.warm_start.len() * 9, "most warm-start passages state new facts");
+    let answers = |w: &World| {
+        w.warm_start.iter().map(|q| (q.question.clone(), q.answer.clone())).collect::<HashMap<_, _>>()
+    };
+    let (before, after) = (answers(&world), answers(&again));
+    let same = before.iter().filter(|(q, a)| after[*q] == **a).count();
+    assert!(same * 4 < before.len(), "{same} of {} answers unchanged", before.len());
+    // Each answer is what the redrawn world's passages state.
+    for q in &again.warm_start {
+        let hop = q.hops.last().unwrap();
+        assert!(passage(&again, &hop.title).contains(&hop.answer), "{q:?}");
+    }
+    assert_eq!(world.redrawn(1).unwrap().passages, again.passages, "seeded");
+    assert_ne!(world.redrawn(2).unwrap().passages, again.passages);
+}
