@@ -7,7 +7,8 @@
 //!
 //! The servers run the container of the operator's inference Deployment for a RolloutPool whose
 //! `inference.args` enable LoRA (`--enable-lora`, the rank), with the environment the operator
-//! gives every vLLM server (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`).
+//! gives every vLLM server (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`). `kart bench sync --lora` then
+//! measures its publishes against the whole model's on the same servers.
 
 use kart_core::config::lora::POLICY_ADAPTER;
 use kart_model::CausalLm;
@@ -55,5 +56,31 @@ fn every_vllm_replica_samples_the_trained_adapters_after_each_step() {
         assert!(models.iter().any(|m| m == POLICY_ADAPTER), "{}: {models:?}", replica.url);
         run.check_served(replica, &tokenizer, &trained, &base);
     }
+
+    // `kart bench sync --lora` on the same servers: adapters against the whole model, each
+    // publish until both replicas serve it.
+    let json = run.dir.join("bench-sync-lora.json");
+    let urls = run.replicas.iter().map(|r| r.url.clone()).collect::<Vec<_>>().join(",");
+    let output = std::process::Command::new(kart_tests::binary("kart"))
+        .args(["bench", "sync", "--quick", "--lora", "4", "--vllm-urls", &urls, "--model-dir"])
+        .arg(&model)
+        .arg("--python")
+        .arg(kart_tests::python())
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    kart_tests::log(&format!("kart bench sync --quick --lora 4: {report}"));
+    assert_eq!(report["replicas"].as_u64(), Some(2), "{report}");
+    let (adapters, whole) =
+        (report["adapter_bytes"].as_u64().unwrap(), report["model_bytes"].as_u64().unwrap());
+    assert!(adapters > 0 && adapters * 4 < whole, "{report}");
+    for key in ["adapter_secs", "model_secs"] {
+        assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
+    }
+    assert!(stdout.contains("vllm_disk adapters seconds"), "{stdout}");
     run.finish();
 }
