@@ -43,6 +43,16 @@ pub fn python() -> PathBuf {
     kart_testing::venv().join("bin/python")
 }
 
+/// Runs `command` (a `kart` command writing its JSON report to `json`), which must succeed: its
+/// standard output and the report.
+pub fn report_of(command: &mut std::process::Command, json: &Path) -> (String, serde_json::Value) {
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let report = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    (stdout, report)
+}
+
 /// A child process killed when dropped, so a failing test never leaves servers behind.
 pub struct Child(pub std::process::Child);
 

@@ -1,7 +1,7 @@
 //! `kart bench` as a developer runs it: quick runs of the model, train, rollout and sync benchmarks
 //! report their figures, and a missing anchor environment is reported with the way to install it.
 
-use kart_tests::{binary, repo_root};
+use kart_tests::{binary, repo_root, report_of};
 use serde_json::Value;
 use std::process::Command;
 
@@ -25,18 +25,9 @@ fn anchor_python() -> Option<std::path::PathBuf> {
 /// `kart bench <args> --quick` with the anchor run by `python`: its output and JSON report.
 fn quick_bench(python: &std::path::Path, args: &[&str]) -> (String, Value) {
     let json = std::env::temp_dir().join(format!("kart-bench-{}-{}.json", args[0], std::process::id()));
-    let output = Command::new(binary("kart"))
-        .arg("bench")
-        .args(args)
-        .args(["--quick", "--json"])
-        .arg(&json)
-        .arg("--python")
-        .arg(python)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let mut command = Command::new(binary("kart"));
+    command.arg("bench").args(args).args(["--quick", "--json"]).arg(&json).arg("--python").arg(python);
+    let (stdout, report) = report_of(&mut command, &json);
     std::fs::remove_file(&json).unwrap();
     (stdout, report)
 }
@@ -283,18 +274,16 @@ fn quick_memory_bench_measures_every_setting() {
 fn small_dense_bench_compares_the_graph_with_the_exact_scan_and_faiss() {
     let python = kart_tests::python();
     let json = std::env::temp_dir().join(format!("kart-bench-dense-{}.json", std::process::id()));
-    let output = Command::new(binary("kart"))
-        .args(["bench", "retriever", "--dense", "--passages", "3000", "--queries", "200", "--dim", "64"])
-        .args(["--ann-expansion-search", "16,64", "--batch", "64", "--python"])
-        .arg(&python)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let (stdout, report) = report_of(
+        Command::new(binary("kart"))
+            .args(["bench", "retriever", "--dense", "--passages", "3000", "--queries", "200", "--dim", "64"])
+            .args(["--ann-expansion-search", "16,64", "--batch", "64", "--python"])
+            .arg(&python)
+            .arg("--json")
+            .arg(&json),
+        &json,
+    );
     assert!(stdout.contains("target: recall@10 >= 0.95"), "{stdout}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).unwrap();
     for side in ["kart", "faiss"] {
         let searches = report[side]["searches"].as_array().unwrap();

@@ -314,16 +314,14 @@ fn llama_on_vllm_agrees_with_kart_and_transformers_in_generation() {
 fn the_model_bench_times_generation_on_vllm_too() {
     let json = fresh_dir("kart-bench-vllm").join("report.json");
     let vllm_python = kart_tests::vllm::python();
-    let output = Command::new(binary("kart"))
-        .args(["bench", "model", "--quick", "--json"])
-        .arg(&json)
-        .arg("--vllm")
-        .arg(&vllm_python)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (stdout, report) = kart_tests::report_of(
+        Command::new(binary("kart"))
+            .args(["bench", "model", "--quick", "--json"])
+            .arg(&json)
+            .arg("--vllm")
+            .arg(&vllm_python),
+        &json,
+    );
     let vllm = &report["vllm"];
     assert!(vllm["version"].as_str().is_some_and(|v| v.starts_with("0.32")), "{vllm}");
     let rows = vllm["rows"].as_array().unwrap();

@@ -61,18 +61,16 @@ fn every_vllm_replica_samples_the_trained_adapters_after_each_step() {
     // publish until both replicas serve it.
     let json = run.dir.join("bench-sync-lora.json");
     let urls = run.replicas.iter().map(|r| r.url.clone()).collect::<Vec<_>>().join(",");
-    let output = std::process::Command::new(kart_tests::binary("kart"))
-        .args(["bench", "sync", "--quick", "--lora", "4", "--vllm-urls", &urls, "--model-dir"])
-        .arg(&model)
-        .arg("--python")
-        .arg(kart_tests::python())
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (stdout, report) = kart_tests::report_of(
+        std::process::Command::new(kart_tests::binary("kart"))
+            .args(["bench", "sync", "--quick", "--lora", "4", "--vllm-urls", &urls, "--model-dir"])
+            .arg(&model)
+            .arg("--python")
+            .arg(kart_tests::python())
+            .arg("--json")
+            .arg(&json),
+        &json,
+    );
     kart_tests::log(&format!("kart bench sync --quick --lora 4: {report}"));
     assert_eq!(report["replicas"].as_u64(), Some(2), "{report}");
     let (adapters, whole) =
