@@ -48,15 +48,30 @@ fn small_run_writes_model_chart_metrics_and_summary() {
             .output()
             .unwrap()
     };
+    // The first run reads its 6 x 4 gold trajectories from three draws of the warm-start facts,
+    // each with its own index (the second and third under world/draws/); with the default, one
+    // per pass over the questions, 24 trajectories are one draw.
+    let first = run(&["--gold-draws", "3"]);
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{stderr}");
+    let questions = |stderr: &str| -> usize {
+        let at = stderr.find(" gold trajectories in ").unwrap_or_else(|| panic!("{stderr}"));
+        stderr[..at].rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(stderr.contains("in 3 draw(s) of the warm-start facts"), "{stderr}");
+    assert!(dir.join("world/draws/2/index").is_dir() && !dir.join("world/draws/3").exists());
+    let drawn = questions(&stderr);
     // A second run into the same folder replaces the first one's records, none left behind; it
     // runs one batch ahead of the one trained, with decoupled PPO.
-    assert!(run(&[]).status.success());
     let output = run(&["--max-staleness", "1"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("after warm start") && stdout.contains("exact match (greedy)"), "{stdout}");
     assert!(stdout.contains("mean reward (sampled, T = 1)"), "{stdout}");
     let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("in 1 draw(s) of the warm-start facts"), "{stderr}");
+    assert_eq!(questions(&stderr) * 3, drawn, "{stderr}");
+    assert!(!dir.join("world/draws").exists(), "the first run's draws are gone");
     // Two fact-drill updates after the copy drills and one after every two of the six gold ones.
     assert!(stderr.contains("14 updates (3 on copy drills, 5 on fact drills)"), "{stderr}");
     // The probe finds a model this small copying nothing: two extra rounds (a sixth of the 3 and

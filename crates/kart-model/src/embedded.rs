@@ -34,10 +34,17 @@ enum Command {
 /// The tensors of a new version and what they are.
 struct Update {
     tensors: NamedTensors,
-    /// What the tensors are: parameters of the model as it is (its adapters' among them, where
-    /// attached), or with `Some(Some(lora))` every adapter of `lora` (attached first where the
-    /// model holds none of those settings) and with `Some(None)` the base's, adapters dropped.
-    adapters: Option<Option<LoraConfig>>,
+    kind: UpdateKind,
+}
+
+/// What the tensors of an [`Update`] are.
+enum UpdateKind {
+    /// Parameters of the model as it is (its adapters' among them, where attached).
+    AsHeld,
+    /// A whole model: adapters the model holds are dropped first.
+    Model,
+    /// Every adapter of these settings, attached first where the model holds none of them.
+    Adapters(LoraConfig),
 }
 
 /// A handle to the engine thread; cheap to clone.
@@ -70,7 +77,7 @@ impl EmbeddedEngine {
     /// where attached) as policy `version`, after the running sequences finish. Resolves once the
     /// new weights are in place.
     pub async fn load_tensors(&self, tensors: NamedTensors, version: i64) -> Result<(), LoadWeightsError> {
-        self.update(Update { tensors, adapters: None }, version).await
+        self.update(Update { tensors, kind: UpdateKind::AsHeld }, version).await
     }
 
     async fn update(&self, update: Update, version: i64) -> Result<(), LoadWeightsError> {
@@ -96,7 +103,8 @@ impl LoadWeights for EmbeddedEngine {
                 .await
                 .map_err(|e| read(&e))?
                 .map_err(|e| read(&e))?;
-            self.update(Update { tensors, adapters: Some(lora) }, version).await
+            let kind = lora.map_or(UpdateKind::Model, UpdateKind::Adapters);
+            self.update(Update { tensors, kind }, version).await
         })
     }
 }
@@ -186,11 +194,11 @@ impl EngineLoop {
 
     /// Copies new parameter values into the model (its adapters' too), checking names and shapes;
     /// attaches or drops adapters first as `update` asks.
-    fn load(&mut self, Update { tensors, adapters }: Update) -> Result<(), String> {
-        match adapters {
-            None => {}
-            Some(None) => self.model.detach_lora(),
-            Some(Some(lora)) => {
+    fn load(&mut self, Update { tensors, kind }: Update) -> Result<(), String> {
+        match kind {
+            UpdateKind::AsHeld => {}
+            UpdateKind::Model => self.model.detach_lora(),
+            UpdateKind::Adapters(lora) => {
                 if self.model.lora().map(|a| a.config()) != Some(&lora) {
                     self.model.detach_lora();
                     self.model.attach_lora(&lora, 0).map_err(|e| format!("attaching LoRA adapters: {e}"))?;

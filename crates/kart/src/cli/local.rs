@@ -577,6 +577,10 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
     let ws = &config.warm_start;
     let passes = (ws.steps as usize * ws.batch).div_ceil(world.world.warm_start.len().max(1)).max(1);
     let draws = config.gold_draws.unwrap_or(passes as u64);
+    let draws_dir = config.out.join("world/draws");
+    if draws_dir.exists() {
+        std::fs::remove_dir_all(&draws_dir).with_context(|| format!("removing {}", draws_dir.display()))?;
+    }
     let trajectories = (0..draws)
         .map(|draw| -> anyhow::Result<Vec<_>> {
             let redrawn = world.world.redrawn(draw)?;
@@ -584,7 +588,7 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
             let index = match draw {
                 0 => &world.index,
                 _ => {
-                    own = index_of(&redrawn, &config.out.join(format!("world/draws/{draw}")))?;
+                    own = index_of(&redrawn, &draws_dir.join(draw.to_string()))?;
                     &own
                 }
             };
