@@ -74,8 +74,8 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     assert!(!dir.join("world/draws").exists(), "the first run's draws are gone");
     // Two fact-drill updates after the copy drills and one after every two of the six gold ones.
     assert!(stderr.contains("14 updates (3 on copy drills, 5 on fact drills)"), "{stderr}");
-    // The probe finds a model this small copying nothing: two extra rounds (a sixth of the 3 and
-    // 2 drill updates, none, and a quarter of the 6 gold ones, one), then it says so plainly.
+    // The probe finds a model this small copying nothing: two extra rounds (a quarter of the 6
+    // gold updates each, one, and no drills), then it says so plainly.
     assert!(stdout.contains("copy probe") && stdout.contains("FAILED after 2 extra"), "{stdout}");
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();

@@ -77,7 +77,7 @@ pub struct LocalArgs {
     /// Largest vocabulary of the tokenizer (BPE stops merging once every word is one token).
     #[arg(long, default_value_t = 8192)]
     vocab: usize,
-    /// Warm-start updates on the gold trajectories (default: 1500, and 2250 with `--env tools`,
+    /// Warm-start updates on the gold trajectories (default: 1000, and 1500 with `--env tools`,
     /// whose trajectories are half again as long).
     #[arg(long)]
     warm_steps: Option<u64>,
@@ -91,27 +91,30 @@ pub struct LocalArgs {
     /// value up by its subject, not only to repeat what it read (0: none).
     #[arg(long, default_value_t = 1000)]
     fact_drills: u64,
-    /// During the gold phase, one more fact-drill update after every this many gold updates:
-    /// each gold trajectory is seen several times, and the fresh values of the drills between
-    /// them keep the model looking values up rather than recalling them (0: none).
-    #[arg(long, default_value_t = 2)]
+    /// During the gold phase, one more fact-drill update after every this many gold updates,
+    /// whose fresh values can only be looked up (0: none; the gold trajectories' own fresh
+    /// draws do the same, and the lookup formed sooner without the drills between them).
+    #[arg(long, default_value_t = 0)]
     fact_drill_every: u64,
     /// Draws of the warm-start persons' and companies' facts (birthplaces, years, employers,
     /// spouses, headquarters; the names and questions stay) that the gold trajectories are read
     /// from, one per pass over the warm-start questions, cycled: a later pass over a question
     /// states other facts, so its values can only be copied from the search results, never
-    /// recalled from an earlier pass (default: one per pass; 1: the world's own facts only).
+    /// recalled from an earlier pass (default: one per pass, the extra rounds' included; 1: the
+    /// world's own facts only).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     gold_draws: Option<u64>,
     /// Gold trajectories per warm-start update.
     #[arg(long, default_value_t = 8)]
     warm_batch: usize,
-    /// Warm-start learning rate.
+    /// Peak learning rate of each warm-start phase: the drills, then the gold updates, each
+    /// warming up and decaying on a cosine of its own.
     #[arg(long, default_value_t = 2e-3)]
     warm_lr: f64,
     /// Extra warm-start rounds while the copy probe fails (values of RL questions' passages the
-    /// warm start never trained on, copied teacher-forced): each round a sixth of the copy
-    /// and fact drills and a quarter of the gold updates at half the learning rate (0: probe only).
+    /// warm start never trained on, copied teacher-forced): each round a quarter of the gold
+    /// updates more at half the learning rate, continuing through the fresh draws (0: probe
+    /// only).
     #[arg(long, default_value_t = 2)]
     probe_rounds: u32,
     /// Share of imperfect gold trajectories (wrong query, no search, first hop only).
@@ -126,7 +129,7 @@ pub struct LocalArgs {
     #[arg(long, default_value_t = GoldConfig::default().first_hop_share)]
     first_hop_share: f64,
     /// RL steps.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 20)]
     steps: u64,
     /// Questions per RL step.
     #[arg(long, default_value_t = 8)]
@@ -575,7 +578,11 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
     let gold = GoldConfig { seed: config.seed, ..config.warm_start.gold };
     let agent = Agent { format: config.format, tokenizer: &tokenizer, template: &template };
     let ws = &config.warm_start;
-    let passes = (ws.steps as usize * ws.batch).div_ceil(world.world.warm_start.len().max(1)).max(1);
+    // An extra round is a quarter of the gold updates more, continuing through the draws.
+    let round =
+        WarmStart { steps: ws.steps / 4, copy_steps: 0, fact_steps: 0, lr: ws.lr / 2.0, ..ws.clone() };
+    let gold_updates = ws.steps + u64::from(config.probe_rounds) * round.steps;
+    let passes = (gold_updates as usize * ws.batch).div_ceil(world.world.warm_start.len().max(1)).max(1);
     let draws = config.gold_draws.unwrap_or(passes as u64);
     let draws_dir = config.out.join("world/draws");
     if draws_dir.exists() {
@@ -622,7 +629,7 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
     let probe_every = Some((PROBE_EVERY, &measure as &dyn Fn(u64) -> CopyProbe));
     let mut updates = warm_start::train(
         &model,
-        Lessons { copies: &copies, facts: &facts, gold: &trajectories },
+        Lessons { copies: &copies, facts: &facts, gold: &trajectories, gold_done: 0 },
         ws,
         config.seed,
         probe_every,
@@ -637,13 +644,6 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
         warm_started.elapsed().as_secs_f64(),
         warm_start::end_loss(&updates)
     );
-    let round = WarmStart {
-        steps: ws.steps / 4,
-        copy_steps: ws.copy_steps / 6,
-        fact_steps: ws.fact_steps / 6,
-        lr: ws.lr / 2.0,
-        ..ws.clone()
-    };
     let (probe, extra_rounds) = copy_probe::train_until_copies(
         || {
             let probe = probe_set.measure(&model);
@@ -653,20 +653,19 @@ fn warm_start(config: &Config, world: &WorldOnDisk, base: BaseModel) -> anyhow::
         config.probe_rounds,
         |n| -> anyhow::Result<()> {
             eprintln!(
-                "warm start: the model does not copy yet; extra round {n} of at most {} ({} copy drill, {} fact drill and {} gold updates)",
+                "warm start: the model does not copy yet; extra round {n} of at most {} ({} gold and {} fact drill updates)",
                 config.probe_rounds,
-                round.copy_steps,
+                round.steps,
                 round.fact_updates(),
-                round.steps
             );
-            let seed = config.seed.wrapping_add(u64::from(n) << 32);
-            let (copies, facts) = drills(&round, seed)?;
+            let (copies, facts) = drills(&round, config.seed.wrapping_add(u64::from(n) << 32))?;
             let progress = kart_train::progress::bar("warm start, extra round", round.updates(), 0);
+            let gold_done = (ws.steps + u64::from(n - 1) * round.steps) as usize;
             updates.extend(warm_start::train(
                 &model,
-                Lessons { copies: &copies, facts: &facts, gold: &trajectories },
+                Lessons { copies: &copies, facts: &facts, gold: &trajectories, gold_done },
                 &round,
-                seed,
+                config.seed,
                 None,
                 &progress,
             ));

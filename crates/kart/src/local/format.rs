@@ -52,8 +52,8 @@ impl AgentFormat {
     /// held-out EM 0.300, with 3000 at 0.021 and 0.635 (the Search-R1 format then took 2000).
     pub fn warm_steps(self) -> u64 {
         match self {
-            AgentFormat::SearchR1 => 1500,
-            AgentFormat::Tools => 2250,
+            AgentFormat::SearchR1 => 1000,
+            AgentFormat::Tools => 1500,
         }
     }
 

@@ -40,7 +40,8 @@ pub struct WarmStart {
     pub fact_every: u64,
     /// Trajectories per update.
     pub batch: usize,
-    /// Peak learning rate (cosine schedule after 5% warm-up).
+    /// Peak learning rate of each phase: the drills, then the gold phase (the gold updates and
+    /// the drills between them), each a cosine schedule after 5% warm-up of its own.
     pub lr: f64,
     /// Gold trajectories and their imperfect share.
     pub gold: GoldConfig,
@@ -200,6 +201,9 @@ pub struct Lessons<'a> {
     /// ([`World::redrawn`]), each of the same questions in the same order. They are cycled in a
     /// seeded order, pass `k` over the questions reading draw `k` modulo their number.
     pub gold: &'a [Vec<Trajectory>],
+    /// Gold updates an earlier warm start of the same seed trained: this one's rows continue
+    /// the cycle after theirs, so a later round reads draws the earlier one has not.
+    pub gold_done: usize,
 }
 
 /// Trains `model` on the copy drills (`config.copy_steps` updates), then the fact drills
@@ -208,7 +212,7 @@ pub struct Lessons<'a> {
 /// measure, given the updates done) is measured after every period of updates.
 pub fn train(
     model: &CausalLm,
-    Lessons { copies, facts, gold: draws }: Lessons<'_>,
+    Lessons { copies, facts, gold: draws, gold_done }: Lessons<'_>,
     config: &WarmStart,
     seed: u64,
     probe: Option<(u64, &dyn Fn(u64) -> CopyProbe)>,
@@ -230,14 +234,16 @@ pub fn train(
     };
     let mut optimizer = AdamW::new(model.named_tensors(), optim.clone());
     let order = kart_train::data::permutation(seed, 0, questions);
-    let total = schedule.len() as u64;
     let mut updates = Vec::with_capacity(schedule.len());
     let (mut drill_updates, mut gold_updates) = (0, 0);
     for (step, &pool) in (0..).zip(&schedule) {
         let (pooled, rows) = match pool {
             Pool::Gold => {
                 gold_updates += 1;
-                (&samples, rows(gold_updates - 1, config.batch, |i| gold_row(i, &order, draws.len())))
+                (
+                    &samples,
+                    rows(gold_done + gold_updates - 1, config.batch, |i| gold_row(i, &order, draws.len())),
+                )
             }
             Pool::Copies | Pool::Facts => {
                 drill_updates += 1;
@@ -249,7 +255,7 @@ pub fn train(
         let (logprobs, _) = mb.logprobs(model, &mb.hidden(model), 1.0, false);
         let loss = -(logprobs * &mb.mask).sum(Kind::Float) / mb.mask.sum(Kind::Float).clamp_min(1.0);
         loss.backward();
-        optimizer.step(learning_rate(&optim, step, total));
+        optimizer.step(phase_lr(&optim, &schedule, step as usize));
         let value = loss.double_value(&[]);
         let probe =
             probe.filter(|&(every, _)| (step + 1) % every.max(1) == 0).map(|(_, measure)| measure(step + 1));
@@ -258,6 +264,15 @@ pub fn train(
         bar.set_message(format!("loss {value:.3}"));
     }
     updates
+}
+
+/// The learning rate of update `step` of `schedule`: the drills before the first gold update and
+/// the gold phase after them each warm up to the peak and decay on their own cosine, so the
+/// gold trajectories are learnt at the peak rate, not at the drills' tail.
+fn phase_lr(optim: &OptimConfig, schedule: &[Pool], step: usize) -> f64 {
+    let drills = schedule.iter().take_while(|&&pool| pool != Pool::Gold).count();
+    let (step, total) = if step < drills { (step, drills) } else { (step - drills, schedule.len() - drills) };
+    learning_rate(optim, step as u64, total as u64)
 }
 
 /// The rows of a pool's `k`-th update: `batch` consecutive positions, each mapped by `row`.
@@ -336,6 +351,27 @@ mod tests {
         // The second pass over the questions reads the second draw, the third the first again.
         assert_eq!(rows(2, 3, |i| gold_row(i, &order, 2)), [5, 8, 6]);
         assert_eq!(rows(4, 3, |i| gold_row(i, &order, 2)), [3, 1, 2]);
+        // A later round that continues after a pass's worth of updates reads the next draw.
+        let gold_done = 5;
+        assert_eq!(rows(gold_done, 1, |i| gold_row(i, &order, 3)), [order[0] + 5]);
+    }
+
+    #[test]
+    fn the_drills_and_the_gold_phase_each_warm_up_and_decay() {
+        use Pool::{Copies as C, Facts as F, Gold as G};
+        let optim = OptimConfig {
+            lr: 1.0,
+            warmup_ratio: 0.5,
+            schedule: Schedule::Cosine,
+            min_lr_ratio: 0.0,
+            ..OptimConfig::default()
+        };
+        let schedule = [C, C, F, F, G, F, G, G];
+        let lrs: Vec<f64> = (0..schedule.len()).map(|step| phase_lr(&optim, &schedule, step)).collect();
+        assert_eq!(lrs[..4], [0.5, 1.0, 1.0, 0.5], "the drills: warm-up, then the cosine");
+        assert_eq!(lrs[4..], [0.5, 1.0, 1.0, 0.5], "the gold phase warms up and decays again");
+        // Without gold updates the drills are the whole schedule.
+        assert_eq!(phase_lr(&optim, &[C, C], 1), 1.0);
     }
 
     #[test]
