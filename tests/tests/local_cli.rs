@@ -50,7 +50,7 @@ fn small_run_writes_model_chart_metrics_and_summary() {
     };
     // The first run reads its 6 x 4 gold trajectories from three draws of the warm-start facts,
     // each with its own index (the second and third under world/draws/); with the default, one
-    // per pass over the questions, 24 trajectories are one draw.
+    // per pass over the questions, the 6 + 2 x 1 updates' 32 (extra rounds included) are one draw.
     let first = run(&["--gold-draws", "3"]);
     let stderr = String::from_utf8_lossy(&first.stderr);
     assert!(first.status.success(), "{stderr}");
