@@ -1,10 +1,12 @@
 //! What every kart HTTP service shares: JSON errors that name the offending field, bounded JSON
 //! bodies, the operational endpoints (`/healthz`, `/readyz`, `/metrics`), the listen address and
 //! graceful shutdown; [`metrics`] registers the `kart_` Prometheus metrics they export, [`token`]
-//! checks the token kart's processes share, [`panics`] answers a panicked handler with a 500.
+//! checks the token kart's processes share, [`panics`] answers a panicked handler with a 500,
+//! [`port`] chooses loopback ports for servers started in another process.
 
 pub mod metrics;
 pub mod panics;
+pub mod port;
 pub mod token;
 
 use axum::Json;

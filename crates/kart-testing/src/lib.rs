@@ -3,10 +3,17 @@
 //! Python, and [`free_port`], loopback ports for the servers tests start. A dev-dependency only;
 //! nothing here ships.
 
-mod port;
-
-pub use port::free_port;
 use std::path::{Path, PathBuf};
+
+/// A loopback port for a server a test starts in another process or hands to a library that binds
+/// it itself ([`kart_http::port::free_port`]: claimed against every kart process, below the
+/// kernel's ephemeral range).
+///
+/// # Panics
+/// When no port is free or the claims file cannot be opened.
+pub fn free_port() -> u16 {
+    kart_http::port::free_port().unwrap_or_else(|e| panic!("a loopback port: {e}"))
+}
 
 /// The repository root (the workspace folder): the nearest folder holding `Cargo.lock` above the
 /// package under test. Cargo sets `CARGO_MANIFEST_DIR` when it runs a test, so a target folder

@@ -78,15 +78,13 @@ impl Layout {
         let master_addr = var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
         let master_port = match var("MASTER_PORT") {
             Some(p) => p.trim().parse().with_context(|| format!("MASTER_PORT = {p}"))?,
-            None if world_size == nproc => free_port()?,
+            None if world_size == nproc => {
+                kart_http::port::free_port().context("a MASTER_PORT for a run on one node")?
+            }
             None => bail!("MASTER_PORT is required when the run spans several nodes"),
         };
         Ok(Layout { nproc, node_rank, world_size, master_addr, master_port })
     }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Starts `nproc` children running `kart` with `args` and `threads` CPU threads each (default:

@@ -357,6 +357,53 @@ mod tests {
     }
 
     #[test]
+    fn a_later_warm_start_reads_the_draw_after_the_gold_updates_done_before_it() {
+        // Two draws of the same two questions; one update of batch 2 is one pass over them.
+        let draw = |d: u32| -> Vec<Trajectory> {
+            (0..2)
+                .map(|q| {
+                    let mut t = Trajectory::new(format!("d{d}q{q}"), format!("q{q}"), &[1, 2 + q]);
+                    let answer = [10 + 10 * d + q, 11 + 10 * d, 12 + 10 * d + q];
+                    t.push_model(&answer, &[0.0; 3], 0).unwrap();
+                    t
+                })
+                .collect()
+        };
+        let draws = [draw(0), draw(1)];
+        let sizes = kart_model::QwenSizes {
+            vocab_size: 40,
+            hidden_size: 16,
+            intermediate_size: 32,
+            num_hidden_layers: 1,
+            num_attention_heads: 2,
+            num_key_value_heads: 1,
+            max_position_embeddings: 64,
+            tie_word_embeddings: true,
+            initializer_range: 0.5,
+        };
+        let config = WarmStart {
+            steps: 1,
+            copy_steps: 0,
+            fact_steps: 0,
+            fact_every: 0,
+            batch: 2,
+            lr: 1e-3,
+            gold: GoldConfig::default(),
+        };
+        // The loss of the first update, taken before it changes the model: what that update read.
+        let first_loss = |gold: &[Vec<Trajectory>], gold_done| {
+            let model = CausalLm::random(kart_model::ModelConfig::qwen2(sizes).unwrap(), tch::Device::Cpu, 7)
+                .unwrap();
+            let lessons = Lessons { copies: &[], facts: &[], gold, gold_done };
+            train(&model, lessons, &config, 3, None, &ProgressBar::hidden())[0].loss
+        };
+        let after_a_pass = first_loss(&draws, 1);
+        assert_eq!(after_a_pass, first_loss(&draws[1..], 0), "one update done: the second draw");
+        assert_ne!(after_a_pass, first_loss(&draws, 0), "none done: the first draw");
+        assert_eq!(first_loss(&draws, 2), first_loss(&draws, 0), "two done: the first draw again");
+    }
+
+    #[test]
     fn the_drills_and_the_gold_phase_each_warm_up_and_decay() {
         use Pool::{Copies as C, Facts as F, Gold as G};
         let optim = OptimConfig {

@@ -1,6 +1,8 @@
-//! An HTTP server a benchmark measures against (a stand-in, or a real vLLM): started on a free
-//! port in a process group of its own, polled until it answers `/health`, stopped with its
-//! whole group (vLLM's engine core is a second process) when dropped.
+//! An HTTP server a benchmark measures against (a stand-in, or a real vLLM): started on a port
+//! claimed for it ([`kart_http::port`]: another kart process, or a `bind(0)` while the server
+//! imports PyTorch, cannot be handed the same) in a process group of its own, polled until it
+//! answers `/health`, stopped with its whole group (vLLM's engine core is a second process) when
+//! dropped.
 
 use anyhow::{Context, bail};
 use std::process::{Child, Command};
@@ -18,7 +20,7 @@ pub struct Server {
 impl Server {
     /// A free port for a server to listen on.
     pub fn free_port() -> anyhow::Result<u16> {
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+        kart_http::port::free_port().context("a port for a benchmark's server")
     }
 
     /// Starts `command`, which listens on `port`, as the server `name`; what it prints goes to
@@ -31,17 +33,19 @@ impl Server {
     }
 
     /// Polls `/health` until it answers, failing when the server exits first or `limit` passes
-    /// (a deadline for a loaded machine, not an expected time).
+    /// (a deadline for a loaded machine, not an expected time). An answer counts only while the
+    /// server still runs: one that failed to bind its port must not pass for whatever holds it.
     pub async fn ready(&mut self, limit: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + limit;
         let client = reqwest::Client::new();
         let health = format!("{}/health", self.url);
         loop {
-            if client.get(&health).send().await.is_ok_and(|r| r.status().is_success()) {
-                return Ok(());
-            }
+            let answered = client.get(&health).send().await.is_ok_and(|r| r.status().is_success());
             if let Some(status) = self.child.try_wait()? {
                 bail!("{} exited ({status}) before answering {health}; its error is above", self.name);
+            }
+            if answered {
+                return Ok(());
             }
             if Instant::now() > deadline {
                 bail!("{} did not answer {health} within {} s", self.name, limit.as_secs());

@@ -1,5 +1,5 @@
-//! Loopback ports for servers a test starts in another process or hands to a library that binds
-//! them itself (a c10d store, a child's `--port`).
+//! Loopback ports for servers kart (or a test) starts in another process or hands to a library
+//! that binds them itself: a benchmark's inference server, a c10d store's `MASTER_PORT`.
 //!
 //! A port found free by binding port 0 and released is in the kernel's ephemeral range: until the
 //! server binds it, the kernel may give it to any outgoing connection's source or to another
@@ -23,9 +23,8 @@ const LOWEST: u16 = 15000;
 /// to no connection or `bind(0)` of its own accord (where the ephemeral range leaves room below
 /// it; else one of that range).
 ///
-/// # Panics
-/// When no port is free (tens of thousands taken), or the claims file cannot be opened.
-pub fn free_port() -> u16 {
+/// Fails when no port is free (tens of thousands taken) or the claims file cannot be opened.
+pub fn free_port() -> std::io::Result<u16> {
     static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
     let (low, high) = candidates();
@@ -34,16 +33,16 @@ pub fn free_port() -> u16 {
     let start = (std::process::id().wrapping_mul(7919) + handed_out.len() as u32) % span;
     for offset in 0..span {
         let port = low + ((start + offset) % span) as u16;
-        if handed_out.contains(&port) || !claim(port) {
+        if handed_out.contains(&port) || !claim(port)? {
             continue;
         }
         if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
             handed_out.insert(port);
-            return port;
+            return Ok(port);
         }
         // Taken by something that does not claim ports: leave it (the claim is harmless).
     }
-    panic!("no free port in {low}..={high}")
+    Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("no free port in {low}..={high}")))
 }
 
 /// The ports to choose from: below the kernel's ephemeral range where it leaves room, else that
@@ -58,22 +57,30 @@ fn candidates() -> (u16, u16) {
     }
 }
 
+/// The file whose bytes are the ports' claims.
+fn claims_path() -> std::path::PathBuf {
+    std::env::temp_dir().join("kart-ports.lock")
+}
+
 /// Claims `port` for this process until it exits; false when another process holds it.
-fn claim(port: u16) -> bool {
+fn claim(port: u16) -> std::io::Result<bool> {
     static CLAIMS: OnceLock<File> = OnceLock::new();
-    let file = CLAIMS.get_or_init(|| {
-        let path = std::env::temp_dir().join("kart-test-ports.lock");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        // Other users' tests take ports through the same file.
-        let _ = std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666));
-        file
-    });
+    let file = match CLAIMS.get() {
+        Some(file) => file,
+        None => {
+            let path = claims_path();
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            // Other users' processes take ports through the same file.
+            let _ = std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666));
+            CLAIMS.get_or_init(|| file)
+        }
+    };
     // SAFETY: a zeroed `flock` is a valid value of the plain C struct; the fields are set below.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = libc::F_WRLCK as libc::c_short;
@@ -81,7 +88,7 @@ fn claim(port: u16) -> bool {
     lock.l_start = libc::off_t::from(port);
     lock.l_len = 1;
     // SAFETY: fcntl on an open descriptor with a pointer to a valid `flock` that outlives the call.
-    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) == 0 }
+    Ok(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) == 0 })
 }
 
 #[cfg(test)]
@@ -90,7 +97,7 @@ mod tests {
 
     #[test]
     fn ports_are_never_handed_out_twice_and_stay_out_of_the_ephemeral_range() {
-        let mut ports: Vec<u16> = (0..500).map(|_| free_port()).collect();
+        let mut ports: Vec<u16> = (0..500).map(|_| free_port().unwrap()).collect();
         let (low, high) = candidates();
         assert!(ports.iter().all(|p| (low..=high).contains(p)), "{ports:?} outside {low}..={high}");
         ports.sort_unstable();
@@ -101,14 +108,14 @@ mod tests {
     #[test]
     fn a_port_claimed_by_another_process_is_not_handed_out() {
         // Another process (a child holding its claims) takes ports; none of them comes back here.
-        let port = free_port();
+        let port = free_port().unwrap();
         let script = format!(
             "import fcntl, os, struct, sys\n\
              f = open({path:?}, 'r+')\n\
              lock = struct.pack('hhqqi4x', fcntl.F_WRLCK, os.SEEK_SET, {port}, 1, 0)\n\
              try:\n    fcntl.fcntl(f, 37, lock)\nexcept OSError:\n    print('held'); sys.exit(0)\n\
              print('free')\n",
-            path = std::env::temp_dir().join("kart-test-ports.lock"),
+            path = claims_path(),
         );
         let out = std::process::Command::new("python3").args(["-c", &script]).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "held", "{out:?}");
