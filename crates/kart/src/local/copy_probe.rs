@@ -6,10 +6,12 @@
 //! no reward to work with, and its training loss alone does not tell it apart (a warm start at
 //! loss 0.040 sat between the ones that copied and the ones that did not). The probe asks
 //! directly: on the gold trajectories of questions whose passages the warm start never trained
-//! on (the RL split), teacher-forced up to the final turn's "... is", is the value that follows
+//! on (the RL split), teacher-forced through the final turn, is the value after its "... is"
 //! (the answer, as the search results gave it) the model's most likely continuation, every token
-//! of it? A value counts only where the searches returned it, so a miss of the retriever is not
-//! the model's.
+//! of it, and the same value again inside `<answer>`? A warm start can copy the value into its
+//! reasoning and still answer with a prior over names (`--env tools`, seed 3: a probe of 95% on
+//! the reasoning alone, held-out EM 0.065), so both count. A value counts only where the searches
+//! returned it, so a miss of the retriever is not the model's.
 
 use super::gold::{GoldConfig, Segment};
 use super::warm_start::{Agent, GoldError, gold_trajectory};
@@ -74,7 +76,8 @@ impl std::fmt::Display for CopyProbe {
 
 impl ProbeSet {
     /// The correct gold trajectories of the first [`PROBE_QUESTIONS`] RL questions, searched in
-    /// `index` as the warm start searches, each with its value marked.
+    /// `index` as the warm start searches, each with its value marked where the reasoning and
+    /// the answer write it.
     pub fn new(
         world: &World,
         index: &dyn LocalIndex,
@@ -85,10 +88,12 @@ impl ProbeSet {
         let mut samples = Vec::new();
         for question in world.train.iter().take(PROBE_QUESTIONS) {
             let (trajectory, segments) = gold_trajectory(world, question, &correct, index, agent, topk)?;
-            if let Some(span) = value_span(&trajectory, &segments, &question.answer, agent.tokenizer)? {
+            if let Some(spans) = value_spans(&trajectory, &segments, &question.answer, agent.tokenizer)? {
                 let mut sample = Sample::new(&trajectory, 0, true);
                 sample.loss_mask = vec![0.0; sample.len()];
-                sample.loss_mask[span].fill(1.0);
+                for span in spans {
+                    sample.loss_mask[span].fill(1.0);
+                }
                 samples.push(sample);
             }
         }
@@ -114,29 +119,32 @@ impl ProbeSet {
     }
 }
 
-/// The tokens of `answer` where the last turn of `trajectory` (made of `segments`) first writes
-/// it, after "... is"; `None` when no search returned the answer, or the turn does not tokenise
-/// apart there.
-fn value_span(
+/// The tokens of `answer` where the last turn of `trajectory` (made of `segments`) writes it:
+/// after "... is" in its reasoning and inside `<answer>`; `None` when no search returned the
+/// answer, or the turn does not tokenise apart there.
+fn value_spans(
     trajectory: &Trajectory,
     segments: &[Segment],
     answer: &str,
     tokenizer: &Tokenizer,
-) -> Result<Option<Range<usize>>, TokenizerError> {
+) -> Result<Option<[Range<usize>; 2]>, TokenizerError> {
     let read = segments.iter().any(|s| matches!(s, Segment::Env(text) if text.contains(answer)));
     let Some(Segment::Model { turn, .. }) = segments.last() else { return Ok(None) };
-    let Some(at) = turn.find(&format!(" is {answer}.")).map(|i| i + " is".len()) else { return Ok(None) };
-    if !read {
-        return Ok(None);
-    }
+    let reasoned = turn.find(&format!(" is {answer}.")).map(|i| i + " is".len());
+    let answered = turn.rfind(&format!("<answer> {answer} </answer>")).map(|i| i + "<answer>".len());
+    let (Some(reasoned), Some(answered), true) = (reasoned, answered, read) else { return Ok(None) };
     let whole = tokenizer.encode(turn, false)?;
-    let before = tokenizer.encode(&turn[..at], false)?;
-    let value = tokenizer.encode(&turn[at..at + 1 + answer.len()], false)?;
-    if !whole.starts_with(&[&before[..], &value].concat()) {
-        return Ok(None);
+    let start = trajectory.len() - whole.len();
+    let mut spans = Vec::with_capacity(2);
+    for at in [reasoned, answered] {
+        let before = tokenizer.encode(&turn[..at], false)?;
+        let value = tokenizer.encode(&turn[at..at + 1 + answer.len()], false)?;
+        if !whole.starts_with(&[&before[..], &value].concat()) {
+            return Ok(None);
+        }
+        spans.push(start + before.len()..start + before.len() + value.len());
     }
-    let start = trajectory.len() - whole.len() + before.len();
-    Ok(Some(start..start + value.len()))
+    Ok(spans.try_into().ok())
 }
 
 /// Probes, then while the probe fails and fewer than `rounds` extra rounds ran, trains one more
@@ -237,8 +245,12 @@ mod tests {
                     .map(|t| sample.token_ids[t] as u32)
                     .collect();
                 let text = tokenizer.decode(&marked, false).unwrap();
-                // Each sample's marked tokens are exactly one answer of the split.
-                assert!(world.train.iter().any(|q| text == format!(" {}", q.answer)), "{format:?}: {text:?}");
+                // Each sample's marked tokens are one answer of the split, in the reasoning and
+                // inside <answer>.
+                assert!(
+                    world.train.iter().any(|q| text == format!(" {0} {0}", q.answer)),
+                    "{format:?}: {text:?}"
+                );
             }
             sets.push(set);
         }
