@@ -45,10 +45,12 @@ test-build: setup
 test-run: test-build control-plane vllm mdbook
 	$(ENV) cargo test $(CARGO_FLAGS) --workspace --no-fail-fast
 
-# The control plane of the operator tests and its real node (cached outside the clone; `up` builds
-# it too).
+# The control plane of the operator tests, Kueue's manager and KWOK (cached outside the clone;
+# `up` builds them too).
 control-plane:
 	nice -n 10 bash scripts/control-plane.sh build >/dev/null
+	nice -n 10 bash scripts/control-plane.sh build-kueue >/dev/null
+	nice -n 10 bash scripts/control-plane.sh build-kwok >/dev/null
 
 # The real node's own binaries (containerd, runc, the storage provisioner) and kart's worker and
 # operator images (and the node's) from deploy/Dockerfile.*, for the real node's test (cached

@@ -6,13 +6,17 @@
 #
 #   scripts/control-plane.sh build       build the binaries once (cached, see below); print their folder
 #   scripts/control-plane.sh build-node  the same for the real node's own (control-plane/node.sh)
-#   scripts/control-plane.sh up DIR [--etcd-in-memory] [--node kubelet|none]
+#   scripts/control-plane.sh build-kueue the same for Kueue's manager (control-plane/kueue.sh)
+#   scripts/control-plane.sh build-kwok  the same for KWOK (control-plane/kwok.sh)
+#   scripts/control-plane.sh up DIR [--etcd-in-memory] [--node kubelet|none] [--kueue] [--kwok N]
 #                                        start the control plane with its state in DIR; write
 #                                        DIR/kubeconfig (cluster admin) and wait until the API answers
 #                                        and, with a node (`kubelet`, the default: see
 #                                        control-plane/node.sh; it needs root), until its Node is
 #                                        Ready; `none` starts no node (Pods stay Pending: the API
-#                                        machinery alone, which needs no root)
+#                                        machinery alone, which needs no root); `--kueue` installs
+#                                        Kueue and runs its manager (control-plane/kueue.sh);
+#                                        `--kwok N` adds N simulated GPU nodes (control-plane/kwok.sh)
 #   scripts/control-plane.sh down DIR    stop exactly what `up DIR` started
 #
 # The binaries are cached outside the clone, in $KART_CONTROL_PLANE_CACHE (default
@@ -21,6 +25,9 @@
 # system:masters, the controller manager and the scheduler as their system users), authorises
 # with Node and RBAC, runs the default admission plugins plus NodeRestriction, and signs service
 # account tokens with a key of its own; its serving certificate is self-signed (DIR/pki).
+# DIR/operator.kubeconfig is user `kart-operator` (bound to cluster-admin), whose every request
+# the API server writes to its audit log, DIR/logs/audit.log (JSON lines at level Metadata), so
+# the requests an operator run with it makes can be counted (`kart bench operator`).
 #
 # The node (`--node kubelet`) registers Node `kart-node` as system:node:kart-node; rancher's
 # local-path-provisioner provisions the volumes of StorageClass `kart-local` (the default class)
@@ -172,14 +179,17 @@ create() {
 }
 
 up() {
-  local dir="$1" etcd_in_memory="" etcd_data etcd_flags=() node=kubelet
+  local dir="$1" etcd_in_memory="" etcd_data etcd_flags=() node=kubelet kueue="" kwok=0
   shift
   while [ $# -gt 0 ]; do
     case "$1" in
       --etcd-in-memory) etcd_in_memory=1 ;;
+      --kueue) kueue=1 ;;
+      --kwok) kwok="${2:-}"; shift
+        [[ "$kwok" =~ ^[1-9][0-9]*$ ]] || die "up: --kwok '$kwok': a number of nodes" ;;
       --node) node="${2:-}"; shift
         case "$node" in kubelet|none) ;; *) die "up: --node '$node': one of kubelet, none" ;; esac ;;
-      *) die "up: unknown option '$1' (--etcd-in-memory, --node kubelet|none)" ;;
+      *) die "up: unknown option '$1' (--etcd-in-memory, --node kubelet|none, --kueue, --kwok N)" ;;
     esac
     shift
   done
@@ -203,10 +213,10 @@ up() {
   command -v openssl >/dev/null || die "openssl is required (service account keys)"
   [ -f "$dir/pki/sa.key" ] || openssl genrsa -out "$dir/pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$dir/pki/sa.key" -pubout -out "$dir/pki/sa.pub" 2>/dev/null
-  local admin cm scheduler node_token provisioner proxy coredns
+  local admin cm scheduler node_token provisioner proxy coredns operator
   admin="$(openssl rand -hex 16)"; cm="$(openssl rand -hex 16)"; scheduler="$(openssl rand -hex 16)"
   node_token="$(openssl rand -hex 16)"; provisioner="$(openssl rand -hex 16)"
-  proxy="$(openssl rand -hex 16)"; coredns="$(openssl rand -hex 16)"
+  proxy="$(openssl rand -hex 16)"; coredns="$(openssl rand -hex 16)"; operator="$(openssl rand -hex 16)"
   cat >"$dir/tokens.csv" <<EOF
 $admin,kart-admin,kart-admin,"system:masters"
 $cm,system:kube-controller-manager,system:kube-controller-manager
@@ -215,6 +225,16 @@ $node_token,system:node:kart-node,system:node:kart-node,"system:nodes"
 $provisioner,kart-node-provisioner,kart-node-provisioner
 $proxy,system:kube-proxy,system:kube-proxy
 $coredns,system:coredns,system:coredns
+$operator,kart-operator,kart-operator
+EOF
+  cat >"$dir/audit-policy.yaml" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  users: [kart-operator]
+- level: None
 EOF
   # The API server's address: loopback without a node, the host's end of the node's veth with
   # the kubelet (which the Pods reach through the `kubernetes` Service). The kubelet's serving
@@ -252,7 +272,9 @@ EOF
     --enable-admission-plugins NodeRestriction \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$dir/pki/sa.pub" --service-account-signing-key-file "$dir/pki/sa.key" \
-    --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=false
+    --service-cluster-ip-range 10.96.0.0/16 --allow-privileged=false \
+    --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/logs/audit.log" \
+    --audit-log-format json --audit-log-mode blocking --audit-log-maxsize 1024
   # The API server writes its self-signed certificate (and its CA) before it listens.
   local deadline=$((SECONDS + STAGE_SECONDS))
   until [ -s "$dir/pki/apiserver.crt" ]; do
@@ -269,6 +291,7 @@ EOF
   kubeconfig "$dir" "$api_port" kart-node-provisioner "$provisioner" "$api_host" >"$dir/provisioner.kubeconfig"
   kubeconfig "$dir" "$api_port" system:kube-proxy "$proxy" "$api_host" >"$dir/proxy.kubeconfig"
   kubeconfig "$dir" "$api_port" system:coredns "$coredns" "$api_host" >"$dir/coredns.kubeconfig"
+  kubeconfig "$dir" "$api_port" kart-operator "$operator" "$api_host" >"$dir/operator.kubeconfig"
 
   start "$dir" kube-controller-manager --kubeconfig "$dir/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$dir/controller-manager.kubeconfig" \
@@ -281,6 +304,10 @@ EOF
     --authentication-kubeconfig "$dir/scheduler.kubeconfig" --authorization-kubeconfig "$dir/scheduler.kubeconfig" \
     --leader-elect=false --secure-port 0
 
+  create "$dir" "$api_port" "$admin" /apis/rbac.authorization.k8s.io/v1/clusterrolebindings '{
+    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kart-operator"},
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "kart-operator"}]}'
   if [ "$node" = kubelet ]; then
     # CoreDNS reads Services, EndpointSlices, Pods and Namespaces (as CoreDNS's own manifests grant).
     create "$dir" "$api_port" "$admin" /apis/rbac.authorization.k8s.io/v1/clusterroles '{
@@ -301,6 +328,8 @@ EOF
   if [ "$node" = kubelet ]; then
     node_ready "$dir" "$n" "$api_port" "$admin"
   fi
+  [ -z "$kueue" ] || kueue_up "$dir"
+  [ "$kwok" -eq 0 ] || kwok_up "$dir" "$api_port" "$admin" "$kwok"
   trap - EXIT
   if [ -n "${KART_CONTROL_PLANE_OWNER:-}" ]; then
     # The owner's end, however it comes (a test killed by a signal never runs its clean-up), takes
@@ -345,13 +374,36 @@ down() {
   fi
 }
 
+# Builds binary `name` of Go package `package` at `version` (`go install`) unless the cache has
+# it, one build at a time; sets tool_bin to its folder (keyed by the version and the Go toolchain).
+go_tool_build() {
+  local name="$1" package="$2" version="$3"
+  command -v go >/dev/null || die "the Go toolchain is required to build $name"
+  tool_bin="$cache/$name-$(echo "$version $(go version)" | sha256sum | cut -c1-16)"
+  mkdir -p "$cache"
+  (
+    flock 8
+    [ -x "$tool_bin/$name" ] && exit 0
+    echo "control-plane: building $name $version (minutes, once)" >&2
+    rm -rf "$tool_bin.partial" && mkdir -p "$tool_bin.partial"
+    GOBIN="$tool_bin.partial" go install -trimpath -ldflags "-s -w" "$package@$version"
+    rm -rf "$tool_bin" && mv "$tool_bin.partial" "$tool_bin"
+  ) 8>"$cache/$name.lock"
+}
+
 # shellcheck source=control-plane/node.sh
 source "$module/node.sh"
+# shellcheck source=control-plane/kueue.sh
+source "$module/kueue.sh"
+# shellcheck source=control-plane/kwok.sh
+source "$module/kwok.sh"
 
 case "${1:-}" in
   build) build ;;
   build-node) node_build; echo "$node_bin" ;;
-  up) [ -n "${2:-}" ] || die "usage: $0 up DIR [--etcd-in-memory] [--node kubelet|none]"; shift; up "$@" ;;
+  build-kueue) kueue_build; echo "$kueue_bin" ;;
+  build-kwok) kwok_build; echo "$kwok_bin" ;;
+  up) [ -n "${2:-}" ] || die "usage: $0 up DIR [--etcd-in-memory] [--node kubelet|none] [--kueue] [--kwok N]"; shift; up "$@" ;;
   down) [ -n "${2:-}" ] || die "usage: $0 down DIR"; down "$2" ;;
-  *) die "usage: $0 build | build-node | up DIR [--etcd-in-memory] [--node kubelet|none] | down DIR" ;;
+  *) die "usage: $0 build | build-node | build-kueue | build-kwok | up DIR [--etcd-in-memory] [--node kubelet|none] [--kueue] [--kwok N] | down DIR" ;;
 esac

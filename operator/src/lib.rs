@@ -8,12 +8,14 @@
 //!   children report (pure);
 //! - [`controller`]: the reconcilers and their shared context;
 //! - [`metrics`], [`server`]: the operator's own metrics and its HTTP endpoints;
-//! - [`leader`]: leader election on a Lease.
+//! - [`leader`]: leader election on a Lease;
+//! - [`bench`]: `kart bench operator`, the operator at scale on simulated nodes.
 //!
 //! Its integration tests run against a real control plane (`tests/tests/control_plane.rs` and
 //! `operator_e2e.rs`); this crate's own tests check one reconciliation's requests against a mock
 //! service (`tests/verify.rs`).
 
+pub mod bench;
 pub mod build;
 pub mod controller;
 pub mod crd;

@@ -31,6 +31,8 @@ enum Command {
     Run(RunArgs),
     /// Print every CRD as YAML.
     Crds,
+    /// Measure the operator at scale on simulated nodes (`kart bench operator`).
+    Bench(kart_operator::bench::Args),
 }
 
 #[derive(clap::Args, Clone)]
@@ -59,6 +61,13 @@ struct RunArgs {
     /// Seconds between reads of a running trainer's `/status`.
     #[arg(long, default_value_t = 10)]
     status_poll_seconds: u64,
+    /// Seconds after which an unchanged object is reconciled again (finding nothing to do, it
+    /// writes nothing).
+    #[arg(long, default_value_t = 300)]
+    resync_seconds: u64,
+    /// How many objects of one kind (per watched namespace) are reconciled at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    concurrency: u16,
     /// `json` or `text` logs (default: text on a terminal, JSON otherwise).
     #[arg(long)]
     log_format: Option<String>,
@@ -73,6 +82,10 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::Run(args)) => run(args).await,
+        Some(Command::Bench(args)) => {
+            install_crypto_provider();
+            kart_operator::bench::run(args).await.map(|_| ())
+        }
         None => run(cli.run).await,
     }
 }
@@ -95,6 +108,14 @@ fn init_logs(format: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// kube's rustls uses ring and reqwest's aws-lc-rs: with both compiled in, rustls needs the
+/// process-wide provider chosen explicitly.
+fn install_crypto_provider() {
+    if rustls::crypto::ring::default_provider().install_default().is_err() {
+        tracing::debug!("a TLS crypto provider was already installed");
+    }
+}
+
 /// Resolves on SIGTERM or Ctrl-C.
 async fn termination() {
     let mut term =
@@ -107,11 +128,7 @@ async fn termination() {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logs(args.log_format.as_deref())?;
-    // kube's rustls uses ring and reqwest's aws-lc-rs: with both compiled in, rustls needs the
-    // process-wide provider chosen explicitly.
-    if rustls::crypto::ring::default_provider().install_default().is_err() {
-        tracing::debug!("a TLS crypto provider was already installed");
-    }
+    install_crypto_provider();
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
@@ -156,15 +173,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let settings = Settings { image: args.image.clone().unwrap_or_else(|| Settings::default().image) };
+    let scope = Scope { namespaces: args.namespaces.clone() };
     let mut ctx = Context::new(
         client,
+        &scope,
         settings,
         metrics,
         Arc::new(HttpStatusSource::new(Duration::from_secs(5))),
         Some(identity),
     );
     ctx.poll = Duration::from_secs(args.status_poll_seconds.max(1));
-    let scope = Scope { namespaces: args.namespaces.clone() };
+    ctx.resync = Duration::from_secs(args.resync_seconds.max(1));
+    ctx.concurrency = args.concurrency;
     let controllers = futures::future::join_all(controller::all(Arc::new(ctx), &scope, shutdown));
     let stop = async {
         let lost = async {

@@ -113,7 +113,7 @@ fn subresources_and_printer_columns() {
     let tj = crds.iter().find(|c| c.spec.names.kind == "TrainingJob").unwrap();
     let columns: Vec<_> =
         tj.spec.versions[0].additional_printer_columns.iter().flatten().map(|c| c.name.as_str()).collect();
-    assert_eq!(columns, ["Phase", "Ranks", "Step", "Reward", "EvalEM", "Age"]);
+    assert_eq!(columns, ["Phase", "Queue", "Ranks", "Step", "Reward", "EvalEM", "Age"]);
 }
 
 fn object(kind: &str, spec: Value) -> Value {

@@ -21,6 +21,7 @@ fn context() -> (Arc<Context>, ApiHandle) {
     let client = Client::new(service, "ml");
     let ctx = Context::new(
         client,
+        &controller::Scope::default(),
         Settings { image: "kart:test".into() },
         Arc::new(Metrics::default()),
         Arc::new(HttpStatusSource::new(Duration::from_millis(10))),
@@ -122,9 +123,11 @@ async fn training_job_waits_for_a_missing_retriever_without_creating_children() 
         "TrainingJob",
         json!({"retrieverRef": "wiki", "config": {"model": "/m", "data": {"train": "/t.parquet"}}}),
     );
+    // No Job in the operator's caches; the Retriever is not there either (listed, and empty), so
+    // it is read from the API.
+    ctx.caches.jobs.fill(Vec::new());
+    ctx.caches.retrievers.fill(Vec::new());
     let reconcile = tokio::spawn(controller::reconcile(Arc::new(tj), ctx));
-    expect(&mut api, Method::GET, "/apis/batch/v1/namespaces/ml/jobs/x-trainer-0", false, 404, not_found)
-        .await;
     expect(
         &mut api,
         Method::GET,
@@ -224,20 +227,12 @@ async fn a_training_job_pulling_weights_into_a_vllm_pool_is_refused_naming_the_w
         "TrainingJob",
         json!({"rolloutPoolRef": "pool", "config": {"model": "/m", "data": {"train": "/t.parquet"}}}),
     );
+    // The pool, as the operator's cache holds it.
+    ctx.caches.rollout_pools.fill(vec![serde_json::from_value(json!({
+        "apiVersion": "kart.dev/v1alpha1", "kind": "RolloutPool", "metadata": {"name": "pool", "namespace": "ml"},
+        "spec": {"config": {"model": "/m", "engine": {"kind": "vllm", "urls": [], "model": "m"}}}}))
+    .unwrap()]);
     let reconcile = tokio::spawn(controller::reconcile(Arc::new(tj), ctx));
-    expect(
-        &mut api,
-        Method::GET,
-        "/apis/kart.dev/v1alpha1/namespaces/ml/rolloutpools/pool",
-        false,
-        200,
-        |_| {
-            json!({"apiVersion": "kart.dev/v1alpha1", "kind": "RolloutPool",
-               "metadata": {"name": "pool", "namespace": "ml"},
-               "spec": {"config": {"model": "/m", "engine": {"kind": "vllm", "urls": [], "model": "m"}}}})
-        },
-    )
-    .await;
     let status = expect(&mut api, Method::PATCH, "/apis/kart.dev/v1alpha1/namespaces/ml/trainingjobs/x/status", true, 200, |_| {
         json!({"apiVersion": "kart.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "x", "namespace": "ml"},
                "spec": {"config": {}}})

@@ -210,6 +210,10 @@ def check_rbac(objects: list[dict], values: dict, scenario: str) -> None:
     leader = values.get("leaderElection", {}).get("enabled", True)
     check({"get", "create", "update"} <= lease if leader else not lease, f"{scenario}: lease verbs {sorted(lease)}")
     check(not bound.get(None, {}).get(("coordination.k8s.io", "leases")), f"{scenario}: leases granted cluster-wide")
+    kueue = values.get("kueue", {}).get("enabled", False)
+    for ns in namespaces:
+        workloads = bound.get(ns, {}).get(("kueue.x-k8s.io", "workloads"), set())
+        check({"get", "list"} <= workloads if kueue else not workloads, f"{scenario}: Kueue Workload verbs {sorted(workloads)} in {ns or 'the cluster'}")
 
 
 def check_crds(objects: list[dict], values: dict, scenario: str) -> None:
@@ -309,6 +313,8 @@ SCENARIOS = {
     "crds.install=false": {"crds": {"install": False}},
     "crds.keep=false": {"crds": {"keep": False}},
     "leaderElection.enabled=false": {"leaderElection": {"enabled": False}},
+    "kueue.enabled": {"kueue": {"enabled": True}},
+    "kueue.enabled, watched namespaces": {"kueue": {"enabled": True}, "watchNamespaces": ["team-a"]},
     "replicaCount=2": {"replicaCount": 2},
     "rbac.create=false": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "kart"}},
     "serviceMonitor": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}}},

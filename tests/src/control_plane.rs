@@ -37,6 +37,13 @@ impl Node {
     }
 }
 
+/// What a control plane runs besides the Kubernetes components.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Addon {
+    /// Kueue's manager, installed from its release manifests (`up --kueue`).
+    Kueue,
+}
+
 /// A running control plane, stopped when dropped.
 pub struct ControlPlane {
     /// Its state: certificates, tokens, logs, the node's folder (etcd's data is in memory).
@@ -53,6 +60,12 @@ impl ControlPlane {
     /// build's writes once took 45 s and timed the API server out). Its ports are reserved by
     /// [`free_port`]; a failed attempt is followed by another until a deadline.
     pub fn up(dir: &Path, node: Node) -> anyhow::Result<ControlPlane> {
+        ControlPlane::up_with(dir, node, &[])
+    }
+
+    /// [`ControlPlane::up`] with `addons` running too (their ports also reserved by
+    /// [`free_port`]).
+    pub fn up_with(dir: &Path, node: Node, addons: &[Addon]) -> anyhow::Result<ControlPlane> {
         let started = Instant::now();
         let deadline = started + Duration::from_secs(UP_SECONDS);
         let mut failures = Vec::new();
@@ -60,12 +73,24 @@ impl ControlPlane {
             let state = dir.join(format!("attempt-{attempt}"));
             std::fs::create_dir_all(&state)?;
             let ports = [free_port(), free_port(), free_port()].map(|p| p.to_string()).join(" ");
-            let output =
-                script(&["up", &state.display().to_string(), "--etcd-in-memory", "--node", node.flag()])
-                    .env("KART_CONTROL_PLANE_PORTS", ports)
-                    .env("KART_CONTROL_PLANE_OWNER", std::process::id().to_string())
-                    .output()
-                    .context("running scripts/control-plane.sh")?;
+            let state_arg = state.display().to_string();
+            let mut args = vec!["up", &state_arg, "--etcd-in-memory", "--node", node.flag()];
+            let mut command = script(&[]);
+            for addon in addons {
+                match addon {
+                    Addon::Kueue => {
+                        args.push("--kueue");
+                        let ports = [free_port(), free_port()].map(|p| p.to_string()).join(" ");
+                        command.env("KART_KUEUE_PORTS", ports);
+                    }
+                }
+            }
+            let output = command
+                .args(&args)
+                .env("KART_CONTROL_PLANE_PORTS", ports)
+                .env("KART_CONTROL_PLANE_OWNER", std::process::id().to_string())
+                .output()
+                .context("running scripts/control-plane.sh")?;
             if output.status.success() {
                 crate::log_if_slow("starting a control plane", started);
                 return Ok(ControlPlane { kubeconfig: state.join("kubeconfig"), dir: state });

@@ -1,6 +1,8 @@
 //! `kart train` against a real rollout worker (`kart rollout serve`, embedded engine on a fixture
 //! model) and a real retriever (`kart retriever serve`): a short run completes, pushes its weights
-//! to the worker, and a run killed with SIGKILL resumes from its checkpoint with the same data order.
+//! to the worker, a run killed with SIGKILL resumes from its checkpoint with the same data order,
+//! and two ranks stopped by SIGTERM (a pod preempted or evicted) checkpoint the step they finished
+//! and resume from it.
 
 use kart_tests::{
     Child, binary, capitals_retriever, fresh_dir, rollout_worker, shared_dir, step_records, steps_logged,
@@ -145,6 +147,56 @@ fn short_run_completes_and_resumes_after_sigkill() {
     .unwrap();
     assert_eq!(state["step"], 4);
     assert_eq!(state["policy_version"], 4);
+
+    // Two ranks (a sharded optimiser: the checkpoint needs both) stopped by SIGTERM to their
+    // launcher after the first step, with no periodic checkpoint due: the step they finished is
+    // checkpointed, the run exits 143 reporting `stopped`, and a resumed run trains the rest.
+    let out_c = dir.join("run-c");
+    let config_c = train_config(&dir, &services, &out_c);
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_c).unwrap()).unwrap();
+    config["checkpoint"]["every"] = json!(100);
+    config["sharding"] = json!("optimizer");
+    std::fs::write(&config_c, config.to_string()).unwrap();
+    let status_c = dir.join("termination-log-c");
+    let ranks = |resume: bool| {
+        let mut command = train(&config_c, resume);
+        command
+            .args(["--nproc-per-node", "2"])
+            .env("MASTER_PORT", kart_tests::free_port().to_string())
+            .env("KART_STATUS_FILE", &status_c);
+        command
+    };
+    let log_c = dir.join("run-c.log");
+    let mut stopped = Child(ranks(false).stderr(std::fs::File::create(&log_c).unwrap()).spawn().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !steps_logged(&out_c).contains(&1) {
+        assert!(stopped.0.try_wait().unwrap().is_none(), "the run ended before its first step");
+        assert!(Instant::now() < deadline, "no step within 600 s");
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+    // SAFETY: signalling the child this handle owns and has not reaped.
+    unsafe { libc::kill(stopped.0.id() as libc::pid_t, libc::SIGTERM) };
+    let exit = stopped.0.wait().unwrap();
+    let stderr = std::fs::read_to_string(&log_c).unwrap();
+    let last = *steps_logged(&out_c).last().unwrap();
+    assert!((1..STEPS).contains(&last), "stopped after step {last}");
+    assert_eq!(exit.code(), Some(143), "{stderr}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&status_c).unwrap()).unwrap();
+    assert_eq!(
+        (report["phase"].as_str(), report["step"].as_u64()),
+        (Some("stopped"), Some(last)),
+        "{report}"
+    );
+    let written: Vec<String> = std::fs::read_dir(out_c.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(written, [format!("step-{last:08}")], "the step finished before the signal, only");
+    assert!(out_c.join(format!("checkpoints/step-{last:08}/optimizer.safetensors")).is_file());
+    let status = ranks(true).status().unwrap();
+    assert!(status.success(), "the resumed run failed: {status}");
+    assert_eq!(steps_logged(&out_c), vec![0, 1, 2, 3, 4], "each step logged once");
+    assert_eq!(prompts_by_step(&out_c), plan, "the same prompts in the same steps as without a stop");
 }
 
 /// A two-role workflow (two solvers, a judge picking one of them) trains through `kart train`'s

@@ -81,4 +81,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+{{- if .Values.kueue.enabled }}
+# TrainingJobs with spec.queueName: their trainer Jobs' Kueue Workloads (why a Job waits).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list]
+{{- end }}
 {{- end }}

@@ -17,7 +17,7 @@ use super::replica_watch::ReplicaWatch;
 use super::server::{Phase, StatusHandle};
 use super::update::{Learner, LearnerError};
 use super::weights::{Publisher, PullFrom, SyncError, WeightStore};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use kart_core::agent::trajectory::{Status, Trajectory};
 use kart_core::config::ConfigError;
 use kart_core::config::train::{TrainConfig, WeightSync};
@@ -32,7 +32,9 @@ use kart_tokenizer::{Tokenizer, TokenizerError};
 use kart_torch::{DeviceError, DistError, ProcessGroup, Ranks};
 use prometheus::Registry;
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -92,6 +94,16 @@ pub struct RunSummary {
     pub model_dir: PathBuf,
     /// The newest checkpoint.
     pub checkpoint: Option<PathBuf>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub enum Ending {
+    /// It reached `total_steps`.
+    Finished(Box<RunSummary>),
+    /// The stop signal came first: the run holds a checkpoint of `step`, the last step it
+    /// finished (none before the first step), which `--resume` continues from.
+    Stopped { step: u64, checkpoint: Option<PathBuf> },
 }
 
 /// A batch of groups for one step.
@@ -243,6 +255,8 @@ pub struct Trainer {
     dump: Option<RolloutDump>,
     status: StatusHandle,
     checkpoint: Option<PathBuf>,
+    /// The step of the newest checkpoint (loaded or written).
+    checkpointed: Option<u64>,
     remote: bool,
     /// The SGLang replicas' versions, watched while the run goes.
     watch: Option<ReplicaWatch>,
@@ -252,6 +266,7 @@ pub struct Trainer {
 enum Next {
     Batch(Result<Result<Batch, TrainError>, tokio::task::JoinError>),
     Behind(Vec<String>),
+    Stop,
 }
 
 impl Trainer {
@@ -318,6 +333,7 @@ impl Trainer {
             log,
             dump,
             status,
+            checkpointed: loaded.as_ref().map(|l| l.state.step),
             checkpoint: loaded.map(|l| l.dir),
             remote: !config.rollout.urls.is_empty(),
             watch: None,
@@ -327,14 +343,25 @@ impl Trainer {
 
     /// Runs to `total_steps`; returns the summary. The status phase ends `finished` or `failed`;
     /// the other ranks are told the run is over, or that it failed.
-    pub async fn run(mut self) -> Result<RunSummary, TrainError> {
-        let result = self.run_inner().await;
+    pub async fn run(self) -> Result<RunSummary, TrainError> {
+        match self.run_until(std::future::pending()).await? {
+            Ending::Finished(summary) => Ok(*summary),
+            Ending::Stopped { .. } => unreachable!("a run without a stop signal runs to its end"),
+        }
+    }
+
+    /// Runs to `total_steps` or until `stop` resolves (a termination signal: a pod deleted,
+    /// preempted or evicted). On `stop` the step in progress finishes its update, rollouts in
+    /// flight are dropped, a checkpoint of the last finished step is written unless the newest is
+    /// of it, and the other ranks are told the run is over: a `--resume` continues from that step.
+    pub async fn run_until(mut self, stop: impl Future<Output = ()>) -> Result<Ending, TrainError> {
+        let result = self.run_inner(std::pin::pin!(stop)).await;
         let last = match &result {
             Ok(_) => Order::Done,
             Err(e) => Order::Stop { reason: e.to_string() },
         };
         let told = tokio::task::block_in_place(|| self.order(&last));
-        let result = result.and_then(|summary| told.map(|()| summary));
+        let result = result.and_then(|ending| told.map(|()| ending));
         if let Err(e) = &result {
             self.status.update(|s| {
                 s.phase = Phase::Failed;
@@ -352,7 +379,10 @@ impl Trainer {
         Ok(())
     }
 
-    async fn run_inner(&mut self) -> Result<RunSummary, TrainError> {
+    async fn run_inner(
+        &mut self,
+        mut stop: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<Ending, TrainError> {
         let total = self.config.total_steps;
         if let Some((server, urls)) = self.config.weight_sync.servers().filter(|_| self.remote) {
             let lag = self.metrics.replica_version_lag.clone();
@@ -392,6 +422,7 @@ impl Trainer {
                 let next = tokio::select! {
                     batch = next => Next::Batch(batch),
                     behind = behind => Next::Behind(behind),
+                    () = stop.as_mut() => Next::Stop,
                 };
                 match next {
                     Next::Batch(batch) => {
@@ -400,6 +431,10 @@ impl Trainer {
                     }
                     // The policy is idle while rollouts go on: bring the replicas left behind to it.
                     Next::Behind(behind) => self.catch_up(&behind).await,
+                    Next::Stop => {
+                        progress.finish_and_clear();
+                        return self.stopped(in_flight, None).await;
+                    }
                 }
             };
             let batch =
@@ -416,7 +451,12 @@ impl Trainer {
             }
             self.append(&record)?;
             if every(self.config.checkpoint.every) || step == total {
-                self.save_checkpoint(&record).await?;
+                self.save_checkpoint(record.get(&keys::REWARD_MEAN)).await?;
+            }
+            // A signal during the update is heeded once it finished.
+            if step < total && stop.as_mut().now_or_never().is_some() {
+                progress.finish_and_clear();
+                return self.stopped(in_flight, record.get(&keys::REWARD_MEAN)).await;
             }
             progress.set_position(step);
             progress.set_message(format!(
@@ -432,13 +472,28 @@ impl Trainer {
         let model_dir = self.config.output_dir.join("model");
         tokio::task::block_in_place(|| self.save_policy(&model_dir))?;
         self.status.update(|s| s.phase = Phase::Finished);
-        Ok(RunSummary {
+        Ok(Ending::Finished(Box::new(RunSummary {
             steps: self.step,
             first_eval,
             last_eval,
             model_dir,
             checkpoint: self.checkpoint.clone(),
-        })
+        })))
+    }
+
+    /// Ends a run stopped after step `self.step`: drops the rollouts `in_flight` and checkpoints
+    /// that step unless the newest checkpoint is of it (`reward`: its mean reward, for the log).
+    async fn stopped(
+        &mut self,
+        in_flight: VecDeque<tokio::task::JoinHandle<Result<Batch, TrainError>>>,
+        reward: Option<f64>,
+    ) -> Result<Ending, TrainError> {
+        in_flight.iter().for_each(tokio::task::JoinHandle::abort);
+        tracing::info!(step = self.step, "stopping on a termination signal");
+        if self.step > 0 && self.checkpointed != Some(self.step) {
+            self.save_checkpoint(reward).await?;
+        }
+        Ok(Ending::Stopped { step: self.step, checkpoint: self.checkpoint.clone() })
     }
 
     fn append(&self, record: &StepRecord) -> Result<(), TrainError> {
@@ -584,8 +639,8 @@ impl Trainer {
         )
     }
 
-    /// Writes a checkpoint of the current step.
-    async fn save_checkpoint(&mut self, record: &StepRecord) -> Result<(), TrainError> {
+    /// Writes a checkpoint of the current step (`reward`: its mean reward, for the log).
+    async fn save_checkpoint(&mut self, reward: Option<f64>) -> Result<(), TrainError> {
         self.status.update(|s| s.phase = Phase::Checkpointing);
         // Sharded optimiser states are gathered from every rank.
         let states = tokio::task::block_in_place(|| {
@@ -611,13 +666,14 @@ impl Trainer {
         let dir = tokio::task::block_in_place(|| {
             checkpoint::save(&root, |d| self.save_policy(d), parts, self.config.checkpoint.keep)
         })?;
-        tracing::info!(step = self.step, checkpoint = %dir.display(), reward = record.get(&keys::REWARD_MEAN), "checkpoint written");
+        tracing::info!(step = self.step, checkpoint = %dir.display(), reward, "checkpoint written");
         self.metrics.checkpoints.inc();
         self.status.update(|s| {
             s.checkpoint = Some(dir.display().to_string());
             s.phase = Phase::Training;
         });
         self.checkpoint = Some(dir);
+        self.checkpointed = Some(self.step);
         Ok(())
     }
 

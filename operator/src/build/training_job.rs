@@ -10,6 +10,11 @@
 //! adds `--resume` (continue from the last checkpoint in `output_dir`, or start afresh when there
 //! is none). The Job itself never retries (`backoffLimit: 0`): the controller counts failed
 //! attempts against `spec.backoffLimit`, so all ranks restart together.
+//!
+//! Queues: with `spec.queueName` the Job carries Kueue's queue label (and the TrainingJob's
+//! priority-class label) and is created suspended, as Kueue's own webhook would make it; from
+//! then on `spec.suspend` is Kueue's: the operator never writes the Job again. Its pods always
+//! `--resume`, since Kueue starts the same Job's pods again when it readmits an evicted run.
 
 use super::meta::{self, COMPLETION_INDEX, child};
 use super::objects::{claim, config_map, service};
@@ -20,7 +25,7 @@ use super::pod::{
 use super::{
     InvalidSpec, MASTER_PORT, Settings, TRAINER_PORT, adapters, config_path, retriever, rollout_pool,
 };
-use crate::crd::{RolloutPool, TrainingJob};
+use crate::crd::{RolloutPool, TrainingJob, kueue};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use kart_core::config::rollout::EngineConfig;
@@ -280,7 +285,8 @@ pub fn job(tj: &TrainingJob, settings: &Settings, attempt: i32) -> Job {
         "--nproc-per-node".into(),
         per_node.to_string(),
     ];
-    if attempt > 0 {
+    let queue = tj.queue();
+    if attempt > 0 || queue.is_some() {
         args.push("--resume".into());
     }
     let claim = spec.checkpoint.existing_claim.clone().unwrap_or_else(|| claim_name(&name));
@@ -316,11 +322,21 @@ pub fn job(tj: &TrainingJob, settings: &Settings, attempt: i32) -> Job {
         vec![config_volume(&workload_name(&name)), claim_volume("checkpoints", &claim, false)],
         Some("Never"),
     );
-    if multi && let Some(p) = pod.spec.as_mut() {
-        p.subdomain = Some(nodes_service_name(&name));
+    if let Some(p) = pod.spec.as_mut() {
+        p.termination_grace_period_seconds = Some(spec.termination_grace_period_seconds);
+        if multi {
+            p.subdomain = Some(nodes_service_name(&name));
+        }
     }
     let mut metadata = child(tj, &job, COMPONENT);
-    metadata.labels.get_or_insert_default().insert(ATTEMPT.into(), attempt.to_string());
+    let labels = metadata.labels.get_or_insert_default();
+    labels.insert(ATTEMPT.into(), attempt.to_string());
+    if let Some(queue) = queue {
+        labels.insert(kueue::QUEUE_NAME.into(), queue.into());
+        if let Some(priority) = tj.labels().get(kueue::PRIORITY_CLASS) {
+            labels.insert(kueue::PRIORITY_CLASS.into(), priority.clone());
+        }
+    }
     Job {
         metadata,
         spec: Some(JobSpec {
@@ -328,6 +344,7 @@ pub fn job(tj: &TrainingJob, settings: &Settings, attempt: i32) -> Job {
             completions: Some(spec.nodes),
             parallelism: Some(spec.nodes),
             backoff_limit: Some(0),
+            suspend: queue.map(|_| true),
             template: pod,
             ..JobSpec::default()
         }),
@@ -441,6 +458,31 @@ mod tests {
         assert_eq!(env["WORLD_SIZE"], "8", "one node's 8 GPUs (its nvidia.com/gpu limit)");
         assert_eq!(env["KART_STATUS_FILE"], "/dev/termination-log");
         assert_eq!(env["POD_IP"], "fieldRef:status.podIP", "where SGLang's workers reach rank 0");
+    }
+
+    #[test]
+    fn a_queued_job_is_labelled_for_kueue_created_suspended_and_always_resumes() {
+        let mut tj = fixtures::training_job(2);
+        let plain = job(&tj, &Settings::default(), 0);
+        assert_eq!(plain.spec.as_ref().unwrap().suspend, None, "no queue: Kubernetes runs it at once");
+        assert!(!plain.labels().contains_key(kueue::QUEUE_NAME));
+        tj.spec.queue_name = Some("team-a".into());
+        tj.metadata.labels = Some(BTreeMap::from([(kueue::PRIORITY_CLASS.to_string(), "high".to_string())]));
+        let queued = job(&tj, &Settings::default(), 0);
+        assert_eq!(queued.labels()[kueue::QUEUE_NAME], "team-a");
+        assert_eq!(queued.labels()[kueue::PRIORITY_CLASS], "high");
+        let spec = queued.spec.as_ref().unwrap();
+        assert_eq!(spec.suspend, Some(true), "Kueue unsuspends it once the whole gang fits");
+        let pod = spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.containers[0].args.as_ref().unwrap().last().map(String::as_str), Some("--resume"));
+        assert_eq!(pod.termination_grace_period_seconds, Some(300), "time to checkpoint on SIGTERM");
+        tj.spec.queue_name = None;
+        tj.metadata.labels = Some(BTreeMap::from([(kueue::QUEUE_NAME.to_string(), "team-b".to_string())]));
+        assert_eq!(
+            job(&tj, &Settings::default(), 0).labels()[kueue::QUEUE_NAME],
+            "team-b",
+            "the label does the same"
+        );
     }
 
     #[test]

@@ -1,8 +1,13 @@
 //! Server-side apply of children (field manager `kart-operator`), deletion, status patches and
 //! Events.
+//!
+//! An applied child carries [`APPLIED_HASH`], the hash of what was applied; a child whose cached
+//! copy carries the hash of what would be applied now, and whose `generation` nobody else moved
+//! since this operator applied it, is not applied again: an unchanged cluster gets no writes.
 
+use super::cache::Cached;
 use super::{Context, Error};
-use crate::build::meta::FIELD_MANAGER;
+use crate::build::meta::{FIELD_MANAGER, config_hash};
 use crate::status::Transition;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -10,32 +15,66 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use std::collections::HashMap;
 use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
 
-/// Applies `obj` (create or update) and returns the object as stored.
-pub async fn apply<K>(ctx: &Context, obj: &K) -> Result<K, Error>
-where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + Serialize
-        + DeserializeOwned
-        + Clone
-        + Debug,
-{
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
-    Ok(api.patch(&obj.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(obj)).await?)
+/// The annotation holding the hash of what the operator last applied to a child.
+pub const APPLIED_HASH: &str = "kart.dev/applied-hash";
+
+/// The `generation` of each child (by UID) as this operator's last apply left it: a child found
+/// at another one was changed by someone else, and is applied again.
+#[derive(Debug, Default)]
+pub struct Applied(Mutex<HashMap<String, i64>>);
+
+impl Applied {
+    fn record<K: Resource>(&self, stored: &K) {
+        if let (Some(uid), Some(generation)) = (&stored.meta().uid, stored.meta().generation) {
+            self.0.lock().expect("never poisoned").insert(uid.clone(), generation);
+        }
+    }
+
+    /// Whether `live`'s generation is another than this operator's last apply left.
+    fn moved<K: Resource>(&self, live: &K) -> bool {
+        let Some(uid) = &live.meta().uid else { return true };
+        let applied = self.0.lock().expect("never poisoned").get(uid).copied();
+        applied.is_some_and(|g| live.meta().generation != Some(g))
+    }
+}
+
+/// Object `name` of `namespace` as the operator's cache last saw it.
+pub fn cached<K: Cached>(ctx: &Context, namespace: &str, name: &str) -> Option<Arc<K>> {
+    K::stores(&ctx.caches)?.get(namespace, name)
+}
+
+/// Applies `obj` (create or update) and returns the object as stored, unless the cached child
+/// is as `obj` would make it (then that, and nothing is sent).
+pub async fn apply<K: Cached + Serialize>(ctx: &Context, obj: &K) -> Result<K, Error> {
+    let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+    let hash = config_hash(&serde_json::to_string(obj).expect("Kubernetes objects serialise"));
+    if let Some(live) = cached::<K>(ctx, &namespace, &name)
+        && live.meta().deletion_timestamp.is_none()
+        && live.annotations().get(APPLIED_HASH) == Some(&hash)
+        && !ctx.applied.moved(live.as_ref())
+    {
+        return Ok(live.as_ref().clone());
+    }
+    let mut obj = obj.clone();
+    obj.annotations_mut().insert(APPLIED_HASH.into(), hash);
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let stored = api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&obj)).await?;
+    ctx.applied.record(&stored);
+    Ok(stored)
 }
 
 /// Creates `obj` unless it exists (for children whose spec is immutable once bound, like
 /// PersistentVolumeClaims); returns the stored object.
-pub async fn ensure<K>(ctx: &Context, obj: &K) -> Result<K, Error>
-where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + Serialize
-        + DeserializeOwned
-        + Clone
-        + Debug,
-{
-    match get::<K>(ctx, &obj.namespace().unwrap_or_default(), &obj.name_any()).await? {
+pub async fn ensure<K: Cached + Serialize>(ctx: &Context, obj: &K) -> Result<K, Error> {
+    let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+    if let Some(live) = cached::<K>(ctx, &namespace, &name) {
+        return Ok(live.as_ref().clone());
+    }
+    match get::<K>(ctx, &namespace, &name).await? {
         Some(existing) => Ok(existing),
         None => apply(ctx, obj).await,
     }

@@ -7,6 +7,7 @@
 //! changed, publishes the transition and resets the object's backoff.
 
 use super::apply::{patch_status, publish};
+use super::cache::Cached;
 use super::{Context, Error, Scope, child_api};
 use crate::build::{InvalidSpec, Settings};
 use crate::crd::condition::{self, types};
@@ -16,7 +17,7 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::core::object::HasStatus;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -28,16 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A custom resource kind the operator reconciles: what differs between its controllers.
-pub trait Kind:
-    Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-    + HasStatus<Status: Clone + Default + PartialEq + Serialize + Send + Sync>
-    + Clone
-    + Debug
-    + DeserializeOwned
-    + Send
-    + Sync
-    + 'static
-{
+pub trait Kind: Cached + HasStatus<Status: Clone + Default + PartialEq + Serialize + Send + Sync> {
     /// The controller's name in metrics, logs and backoff keys.
     const NAME: &'static str;
 
@@ -223,7 +215,8 @@ pub fn run<K: Kind>(
     let mut tasks = Vec::new();
     for api in scope.apis::<K>(&ctx.client) {
         let namespace = api.namespace().map(str::to_string);
-        let controller = Controller::new(api, watcher::Config::default());
+        let controller = Controller::new(api, watcher::Config::default())
+            .with_config(controller::Config::default().concurrency(ctx.concurrency));
         let watches = K::watch(Watches { controller, client: ctx.client.clone(), namespace });
         let store = watches.store();
         tasks.push(

@@ -5,10 +5,12 @@
 //!   [`reconcile`], [`error_policy`] and [`run`] over it;
 //! - [`retriever`], [`rollout_pool`], [`training_job`]: each kind's [`Kind`];
 //! - [`apply`]: server-side apply, deletion and Events; [`backoff`]: the per-object backoff;
+//! - [`cache`]: the caches of the kinds and children the reconcilers read;
 //! - [`error`]: what can fail.
 
 pub mod apply;
 pub mod backoff;
+pub mod cache;
 pub mod error;
 pub mod kind;
 pub mod retriever;
@@ -22,7 +24,10 @@ use crate::build::Settings;
 use crate::crd::{Retriever, RolloutPool, TrainingJob};
 use crate::metrics::Metrics;
 use crate::status::trainer::StatusSource;
+use apply::Applied;
 use backoff::Backoff;
+use cache::Caches;
+use futures::FutureExt;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use std::sync::Arc;
@@ -40,13 +45,22 @@ pub struct Context {
     pub poll: Duration,
     /// How often every object is reconciled without a change.
     pub resync: Duration,
+    /// How many objects of one kind (per watched namespace) are reconciled at once: more queue
+    /// at the API server when thousands change together, and each takes longer.
+    pub concurrency: u16,
     pub backoff: Backoff,
+    /// What the reconcilers read instead of the API.
+    pub caches: Caches,
+    /// The children's generations as this operator applied them.
+    pub applied: Applied,
 }
 
 impl Context {
-    /// A context reporting Events as `kart-operator` (instance `instance`).
+    /// A context over `scope` reporting Events as `kart-operator` (instance `instance`); its
+    /// caches fill once [`all`] runs.
     pub fn new(
         client: Client,
+        scope: &Scope,
         settings: Settings,
         metrics: Arc<Metrics>,
         status_source: Arc<dyn StatusSource>,
@@ -55,6 +69,8 @@ impl Context {
         let recorder =
             Recorder::new(client.clone(), Reporter { controller: "kart-operator".into(), instance });
         Context {
+            caches: Caches::new(&client, scope),
+            applied: Applied::default(),
             client,
             settings,
             recorder,
@@ -62,6 +78,7 @@ impl Context {
             status_source,
             poll: Duration::from_secs(10),
             resync: Duration::from_secs(300),
+            concurrency: 16,
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(300)),
         }
     }
@@ -99,15 +116,27 @@ where
     }
 }
 
-/// All three controllers over `scope`, stopping gracefully when `shutdown` completes; await them
-/// together (e.g. with `futures::future::join_all`).
+/// The caches' reflectors and all three controllers over `scope`, stopping gracefully when
+/// `shutdown` completes; await them together (e.g. with `futures::future::join_all`). The
+/// controllers start once every cache has listed its objects, so a restarted operator finds
+/// every child it made before it reconciles.
 pub fn all(
     ctx: Arc<Context>,
     scope: &Scope,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) -> Vec<futures::future::BoxFuture<'static, ()>> {
-    let mut tasks = run::<Retriever>(ctx.clone(), scope, shutdown.clone());
-    tasks.extend(run::<RolloutPool>(ctx.clone(), scope, shutdown.clone()));
-    tasks.extend(run::<TrainingJob>(ctx, scope, shutdown));
+    let mut tasks = ctx.caches.reflectors(shutdown.clone());
+    let mut controllers = run::<Retriever>(ctx.clone(), scope, shutdown.clone());
+    controllers.extend(run::<RolloutPool>(ctx.clone(), scope, shutdown.clone()));
+    controllers.extend(run::<TrainingJob>(ctx.clone(), scope, shutdown.clone()));
+    let controllers = async move {
+        tokio::select! {
+            () = ctx.caches.ready() => {}
+            () = shutdown => return,
+        }
+        tracing::info!("caches listed; reconciling");
+        futures::future::join_all(controllers).await;
+    };
+    tasks.push(controllers.boxed());
     tasks
 }

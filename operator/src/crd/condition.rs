@@ -12,6 +12,8 @@ pub mod types {
     pub const VALIDATION_FAILED: &str = "ValidationFailed";
     /// A TrainingJob waits for its Retriever or RolloutPool.
     pub const WAITING_FOR_DEPENDENCIES: &str = "WaitingForDependencies";
+    /// A TrainingJob's trainer waits in its Kueue queue.
+    pub const QUEUED: &str = "Queued";
     /// The trainer runs.
     pub const RUNNING: &str = "Running";
     /// The trainer finished successfully.

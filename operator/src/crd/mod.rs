@@ -2,9 +2,11 @@
 //!
 //! - [`retriever`], [`rollout_pool`], [`training_job`]: the three kinds;
 //! - [`pod`]: the pod overrides they share; [`condition`]: status conditions;
+//! - [`kueue`]: the parts of Kueue's API a queued TrainingJob uses;
 //! - `schema`: structural schemas of the embedded worker configs.
 
 pub mod condition;
+pub mod kueue;
 pub mod pod;
 pub mod retriever;
 pub mod rollout_pool;

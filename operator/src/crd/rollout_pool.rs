@@ -61,6 +61,14 @@ pub struct RolloutPoolSpec {
     /// arguments); unset when `config.engine.urls` points at servers run elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inference: Option<InferenceServer>,
+    /// Run no workers (and no inference servers) until a TrainingJob that names this pool is
+    /// running: for a pool that serves only TrainingJobs behind a Kueue queue, so that it holds no
+    /// GPUs while they wait. Such TrainingJobs are queued against a held pool (phase `Held`);
+    /// once Kueue admits one, the pool scales to `replicas` while its trainer starts (the
+    /// trainer's rollout requests wait for ready workers up to `rollout.retry_deadline_secs`),
+    /// and back to zero when none runs.
+    #[serde(default)]
+    pub hold_until_admitted: bool,
     /// Overrides of the worker pods.
     #[serde(default)]
     pub pod: PodOverrides,
@@ -97,6 +105,8 @@ pub enum RolloutPoolPhase {
     Progressing,
     /// All workers (and inference servers) serve.
     Ready,
+    /// `holdUntilAdmitted`: no TrainingJob of the pool runs, so neither do its pods.
+    Held,
     /// The spec is invalid.
     Failed,
 }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
     status = "TrainingJobStatus",
     doc = "A training run: `kart train` in a Job, with its config and a checkpoint volume.",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Queue","type":"string","jsonPath":".status.queue.reason"}"#,
     printcolumn = r#"{"name":"Ranks","type":"integer","jsonPath":".status.worldSize"}"#,
     printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.step"}"#,
     printcolumn = r#"{"name":"Reward","type":"number","jsonPath":".status.reward"}"#,
@@ -79,6 +80,19 @@ pub struct TrainingJobSpec {
     /// Stop the trainer; unsuspending resumes from the last checkpoint.
     #[serde(default)]
     pub suspend: bool,
+    /// A Kueue LocalQueue in the same namespace the trainer Job waits in until Kueue admits its
+    /// whole gang of pods (the label `kueue.x-k8s.io/queue-name` on the TrainingJob does the
+    /// same). Kueue may evict an admitted run for one of higher priority (the TrainingJob's
+    /// `kueue.x-k8s.io/priority-class` label names its WorkloadPriorityClass): the trainer then
+    /// checkpoints the step it finished, and resumes from it when readmitted; an eviction is not
+    /// a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_name: Option<String>,
+    /// Seconds the trainer's pods get after SIGTERM (deletion, suspension, preemption, eviction)
+    /// to finish the step's update and write its checkpoint before they are killed.
+    #[serde(default = "default_termination_grace")]
+    #[schemars(range(min = 0))]
+    pub termination_grace_period_seconds: i64,
     /// Seconds after the run finished when its workloads (Job, Services, ConfigMap) are deleted;
     /// the checkpoint volume stays until the TrainingJob is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,6 +147,10 @@ fn default_backoff_limit() -> i32 {
     3
 }
 
+fn default_termination_grace() -> i64 {
+    300
+}
+
 fn default_checkpoint_size() -> String {
     "50Gi".into()
 }
@@ -153,6 +171,9 @@ pub enum TrainingJobPhase {
     Pending,
     /// The Retriever or RolloutPool is not Ready.
     WaitingForDependencies,
+    /// The trainer Job waits in its Kueue queue (not yet admitted, or evicted and waiting to be
+    /// readmitted).
+    Queued,
     /// The trainer runs.
     Running,
     /// The trainer finished.
@@ -165,9 +186,10 @@ pub enum TrainingJobPhase {
 
 impl TrainingJobPhase {
     /// Every phase, for the `kart_operator_training_jobs{phase}` gauge.
-    pub const ALL: [TrainingJobPhase; 6] = [
+    pub const ALL: [TrainingJobPhase; 7] = [
         TrainingJobPhase::Pending,
         TrainingJobPhase::WaitingForDependencies,
+        TrainingJobPhase::Queued,
         TrainingJobPhase::Running,
         TrainingJobPhase::Succeeded,
         TrainingJobPhase::Failed,
@@ -179,6 +201,7 @@ impl TrainingJobPhase {
         match self {
             TrainingJobPhase::Pending => "Pending",
             TrainingJobPhase::WaitingForDependencies => "WaitingForDependencies",
+            TrainingJobPhase::Queued => "Queued",
             TrainingJobPhase::Running => "Running",
             TrainingJobPhase::Succeeded => "Succeeded",
             TrainingJobPhase::Failed => "Failed",
@@ -223,6 +246,13 @@ pub struct TrainingJobStatus {
     /// Trainer Jobs that failed.
     #[serde(default)]
     pub failures: i32,
+    /// Times Kueue evicted the running trainer (each resumed from its checkpoint when
+    /// readmitted; not failures).
+    #[serde(default)]
+    pub preemptions: i32,
+    /// Where the trainer Job stands in its Kueue queue (with `spec.queueName`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
     /// The current (or last) trainer Job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
@@ -238,8 +268,43 @@ pub struct TrainingJobStatus {
     /// The generation last reconciled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Conditions (`ValidationFailed`, `WaitingForDependencies`, `Running`, `Succeeded`,
-    /// `Failed`, `Suspended`).
+    /// Conditions (`ValidationFailed`, `WaitingForDependencies`, `Queued`, `Running`,
+    /// `Succeeded`, `Failed`, `Suspended`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A queued trainer Job's place in Kueue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    /// The LocalQueue.
+    pub local_queue: String,
+    /// The ClusterQueue that admitted it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_queue: Option<String>,
+    /// Kueue's Workload for the Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+    /// Kueue let the Job run.
+    #[serde(default)]
+    pub admitted: bool,
+    /// `Admitted`, or Kueue's reason it is not: `Pending` (no quota yet), `Preempted`,
+    /// `InactiveWorkload`, …; `NoWorkload` when Kueue has made none.
+    pub reason: String,
+    /// Kueue's message (e.g. which resource lacks quota).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl TrainingJob {
+    /// The Kueue LocalQueue of the run: `spec.queueName`, else the `kueue.x-k8s.io/queue-name`
+    /// label.
+    pub fn queue(&self) -> Option<&str> {
+        self.spec
+            .queue_name
+            .as_deref()
+            .or_else(|| self.metadata.labels.as_ref()?.get(super::kueue::QUEUE_NAME).map(String::as_str))
+            .filter(|q| !q.is_empty())
+    }
 }

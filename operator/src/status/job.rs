@@ -8,6 +8,8 @@ use k8s_openapi::api::core::v1::Pod;
 pub enum JobOutcome {
     /// Pods run or are about to.
     Active,
+    /// Suspended (by Kueue, while the Job waits in its queue): no pods run.
+    Suspended,
     /// All completions succeeded.
     Succeeded,
     /// The Job gave up.
@@ -15,9 +17,11 @@ pub enum JobOutcome {
 }
 
 /// The outcome of `job`: its `Complete`/`Failed` conditions, else its counts (`succeeded` reaching
-/// `completions`, or `failed` beyond `backoffLimit`).
+/// `completions`, or `failed` beyond `backoffLimit`), else whether it is suspended.
 pub fn outcome(job: &Job) -> JobOutcome {
-    let Some(status) = &job.status else { return JobOutcome::Active };
+    let suspended = job.spec.as_ref().and_then(|s| s.suspend) == Some(true);
+    let unfinished = if suspended { JobOutcome::Suspended } else { JobOutcome::Active };
+    let Some(status) = &job.status else { return unfinished };
     let condition = |t: &str| status.conditions.iter().flatten().any(|c| c.type_ == t && c.status == "True");
     if condition("Complete") {
         return JobOutcome::Succeeded;
@@ -33,7 +37,7 @@ pub fn outcome(job: &Job) -> JobOutcome {
     } else if status.failed.unwrap_or(0) > backoff_limit {
         JobOutcome::Failed
     } else {
-        JobOutcome::Active
+        unfinished
     }
 }
 
@@ -76,5 +80,13 @@ mod tests {
         assert_eq!(outcome(&job(2, 0, 1, None)), JobOutcome::Failed);
         assert_eq!(outcome(&job(2, 0, 0, Some("Complete"))), JobOutcome::Succeeded);
         assert_eq!(outcome(&job(2, 0, 0, Some("Failed"))), JobOutcome::Failed);
+        let mut queued = job(2, 0, 0, None);
+        queued.spec.as_mut().unwrap().suspend = Some(true);
+        assert_eq!(outcome(&queued), JobOutcome::Suspended);
+        queued.status = None;
+        assert_eq!(outcome(&queued), JobOutcome::Suspended, "before the Job controller saw it");
+        let mut done = job(2, 2, 0, None);
+        done.spec.as_mut().unwrap().suspend = Some(true);
+        assert_eq!(outcome(&done), JobOutcome::Succeeded);
     }
 }

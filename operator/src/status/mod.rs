@@ -1,10 +1,12 @@
 //! Status derivation: pure functions from a resource and the observed state of its children to
 //! its new status, the transition worth an Event, and (for TrainingJobs) the next action.
 //!
-//! - [`job`]: a Job's outcome; [`trainer`]: the trainer's `/status` report;
+//! - [`job`]: a Job's outcome; [`trainer`]: the trainer's `/status` report; [`queue`]: a queued
+//!   Job's place in Kueue;
 //! - [`retriever`], [`rollout_pool`], [`training_job`]: each kind's status.
 
 pub mod job;
+pub mod queue;
 pub mod retriever;
 pub mod rollout_pool;
 pub mod trainer;

@@ -12,11 +12,12 @@ fn ready_replicas(d: Option<&Deployment>) -> i32 {
 }
 
 /// The new status given the worker Deployment and, when the operator runs them, the inference
-/// Deployment, as observed.
+/// Deployment, as observed; `held`: scaled to zero by `holdUntilAdmitted`.
 pub fn derive(
     pool: &RolloutPool,
     workers: Option<&Deployment>,
     inference: Option<Option<&Deployment>>,
+    held: bool,
     now: &Time,
 ) -> (RolloutPoolStatus, Option<Transition>) {
     let old = pool.status.clone().unwrap_or_default();
@@ -40,6 +41,13 @@ pub fn derive(
         }
         _ => (true, String::new()),
     };
+    if held {
+        status.phase = RolloutPoolPhase::Held;
+        let message = "no TrainingJob of the pool runs (holdUntilAdmitted): no workers";
+        condition::set(&mut status.conditions, types::READY, false, "Held", message, generation, now);
+        let transition = (status.phase != old.phase).then(|| Transition::normal("Held", message));
+        return (status, transition);
+    }
     let message = format!("{}/{want} workers ready{servers_note}", status.ready_replicas);
     let ready = workers_ready && servers_ready;
     status.phase = if ready { RolloutPoolPhase::Ready } else { RolloutPoolPhase::Progressing };
@@ -70,15 +78,19 @@ mod tests {
     fn ready_needs_workers_and_inference_servers() {
         let now = Time(jiff::Timestamp::from_second(1).unwrap());
         let pool = fixtures::rollout_pool();
-        let (s, _) = derive(&pool, Some(&deployment(2, 2)), Some(Some(&deployment(1, 0))), &now);
+        let (s, _) = derive(&pool, Some(&deployment(2, 2)), Some(Some(&deployment(1, 0))), false, &now);
         assert_eq!(s.phase, RolloutPoolPhase::Progressing);
         assert!(s.conditions[0].message.contains("0/1 inference servers ready"), "{:?}", s.conditions);
-        let (s, t) = derive(&pool, Some(&deployment(2, 2)), Some(Some(&deployment(1, 1))), &now);
+        let (s, t) = derive(&pool, Some(&deployment(2, 2)), Some(Some(&deployment(1, 1))), false, &now);
         assert_eq!((s.phase, s.replicas, s.ready_replicas), (RolloutPoolPhase::Ready, 2, 2));
         assert_eq!(
             s.selector.as_deref(),
             Some("app.kubernetes.io/component=rollout,app.kubernetes.io/instance=pool")
         );
         assert_eq!(t.unwrap().reason, "Available");
+        let (s, t) = derive(&pool, Some(&deployment(0, 0)), Some(Some(&deployment(0, 0))), true, &now);
+        assert_eq!(s.phase, RolloutPoolPhase::Held);
+        assert!(!condition::is_true(&s.conditions, types::READY));
+        assert_eq!(t.unwrap().reason, "Held");
     }
 }

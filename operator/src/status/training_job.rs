@@ -6,13 +6,18 @@
 //! `backoffLimit` attempts failed -> Failed. `suspend` stops the Job (Suspended); unsuspending
 //! starts a new attempt that resumes. A finished run's children are never recreated; after
 //! `ttlSecondsAfterFinished` its workloads are deleted once.
+//!
+//! With a Kueue queue the new attempt's Job waits suspended: Queued (with Kueue's reason) ->
+//! (admitted) -> Running; Kueue evicting the running trainer (suspending its Job) makes it
+//! Queued again, counted as a preemption, not a failure; readmitted, the same Job's pods resume
+//! from the checkpoint the trainer wrote on SIGTERM.
 
 use super::Transition;
 use super::job::{JobOutcome, outcome};
 use super::trainer::TrainerReport;
 use crate::build::training_job::{job_name, world_size};
 use crate::crd::condition::{self, types};
-use crate::crd::training_job::{TrainingJob, TrainingJobPhase, TrainingJobStatus};
+use crate::crd::training_job::{QueueStatus, TrainingJob, TrainingJobPhase, TrainingJobStatus};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::time::Duration;
@@ -22,6 +27,9 @@ use std::time::Duration;
 pub enum Dependency {
     Missing,
     NotReady,
+    /// A RolloutPool with `holdUntilAdmitted` that runs no pods until a queued TrainingJob of it
+    /// is admitted: met for a queued TrainingJob.
+    Held,
     Ready,
 }
 
@@ -36,6 +44,8 @@ pub struct Observed<'a> {
     pub job: Option<&'a Job>,
     /// The trainer's latest report.
     pub report: Option<TrainerReport>,
+    /// Where the current Job stands in its Kueue queue (with a queue and a Job).
+    pub queue: Option<QueueStatus>,
     pub now: Time,
 }
 
@@ -67,6 +77,9 @@ pub struct Plan {
 /// How long a waiting job waits before it looks at its dependencies again without an event.
 const DEPENDENCY_RECHECK: Duration = Duration::from_secs(30);
 
+/// How often a queued job reads its Workload again (Kueue's message changes without the Job).
+const QUEUE_RECHECK: Duration = Duration::from_secs(15);
+
 /// The plan for `tj`; `poll` is how often a running trainer's `/status` is read.
 pub fn plan(tj: &TrainingJob, observed: Observed<'_>, poll: Duration) -> Plan {
     let old = tj.status.clone().unwrap_or_default();
@@ -97,6 +110,9 @@ fn observe(tj: &TrainingJob, old: &TrainingJobStatus, observed: &Observed<'_>) -
         s.checkpoint = r.checkpoint.clone().or(s.checkpoint);
         s.world_size = r.world_size.filter(|&w| w > 0).or(s.world_size);
     }
+    if let Some(queue) = &observed.queue {
+        s.queue = Some(queue.clone());
+    }
     s
 }
 
@@ -115,7 +131,7 @@ fn suspend(tj: &TrainingJob, plan: &mut Plan, old: TrainingJobPhase, job: Option
         now,
     );
     condition::clear(&mut s.conditions, types::RUNNING, "Suspended", generation, now);
-    if let Some(job) = job.filter(|j| outcome(j) == JobOutcome::Active) {
+    if let Some(job) = job.filter(|j| matches!(outcome(j), JobOutcome::Active | JobOutcome::Suspended)) {
         plan.action = Action::StopJob { name: job.metadata.name.clone().unwrap_or_default() };
     }
     if old != TrainingJobPhase::Suspended {
@@ -135,7 +151,8 @@ fn proceed(
     let now = &observed.now;
     condition::clear(&mut plan.status.conditions, types::SUSPENDED, "Resumed", tj.metadata.generation, now);
     match observed.job.map(outcome) {
-        Some(JobOutcome::Active) => running(tj, plan, poll, now),
+        Some(JobOutcome::Active) => running(tj, plan, old, poll, now),
+        Some(JobOutcome::Suspended) => queued(tj, plan, old, now),
         Some(JobOutcome::Succeeded) => succeeded(tj, plan, now),
         Some(JobOutcome::Failed) => fail_or_restart(tj, plan, "JobFailed", now),
         None if old.phase == TrainingJobPhase::Running && old.job_name.is_some() => {
@@ -145,10 +162,22 @@ fn proceed(
     }
 }
 
-/// The trainer runs: keep the children applied and read its status every `poll`.
-fn running(tj: &TrainingJob, plan: &mut Plan, poll: Duration, now: &Time) {
+/// The trainer runs: keep the children applied and read its status every `poll`. Coming out of
+/// a queue, it was admitted.
+fn running(tj: &TrainingJob, plan: &mut Plan, old: &TrainingJobStatus, poll: Duration, now: &Time) {
     let s = &mut plan.status;
     s.phase = TrainingJobPhase::Running;
+    if old.phase == TrainingJobPhase::Queued {
+        let cluster_queue = s.queue.as_ref().and_then(|q| q.cluster_queue.clone());
+        let to = cluster_queue.map_or_else(String::new, |q| format!(" to ClusterQueue {q}"));
+        let from = match &s.checkpoint {
+            Some(c) if s.preemptions > 0 => format!("; it resumes from {c}"),
+            _ => String::new(),
+        };
+        plan.transition =
+            Some(Transition::normal("Admitted", format!("Kueue admitted the trainer{to}{from}")));
+    }
+    condition::clear(&mut s.conditions, types::QUEUED, "Admitted", tj.metadata.generation, now);
     let message = format!("step {}", s.step);
     condition::set(
         &mut s.conditions,
@@ -161,6 +190,39 @@ fn running(tj: &TrainingJob, plan: &mut Plan, poll: Duration, now: &Time) {
     );
     plan.action = Action::Apply;
     plan.requeue = Some(poll);
+}
+
+/// The trainer Job waits suspended in its Kueue queue: not yet admitted, or (when it ran before)
+/// evicted, which counts as a preemption and not as a failure.
+fn queued(tj: &TrainingJob, plan: &mut Plan, old: &TrainingJobStatus, now: &Time) {
+    let generation = tj.metadata.generation;
+    let s = &mut plan.status;
+    let queue = s.queue.clone().unwrap_or_default();
+    s.phase = TrainingJobPhase::Queued;
+    let changed = condition::set(
+        &mut s.conditions,
+        types::QUEUED,
+        true,
+        &queue.reason,
+        &queue.message,
+        generation,
+        now,
+    );
+    condition::clear(&mut s.conditions, types::RUNNING, "Queued", generation, now);
+    if old.phase == TrainingJobPhase::Running {
+        s.preemptions += 1;
+        let resumes = s.checkpoint.as_ref().map_or_else(|| "the start".to_string(), Clone::clone);
+        let reason = if queue.reason == "Preempted" { "Preempted" } else { "Evicted" };
+        let note = format!(
+            "Kueue evicted the trainer at step {} ({}: {}); it resumes from {resumes} when readmitted",
+            s.step, queue.reason, queue.message
+        );
+        plan.transition = Some(Transition::warning(reason, note));
+    } else if changed {
+        let note = format!("LocalQueue {}: {} {}", queue.local_queue, queue.reason, queue.message);
+        plan.transition = Some(Transition::normal("Queued", note.trim_end()));
+    }
+    plan.requeue = Some(QUEUE_RECHECK);
 }
 
 /// The Job completed: the run succeeded.
@@ -181,7 +243,7 @@ fn succeeded(tj: &TrainingJob, plan: &mut Plan, now: &Time) {
 fn wait_or_start(tj: &TrainingJob, plan: &mut Plan, observed: &Observed<'_>, poll: Duration) {
     let (generation, now) = (tj.metadata.generation, &observed.now);
     let s = &mut plan.status;
-    match unmet(observed) {
+    match unmet(observed, tj.queue().is_some()) {
         Some((reason, message)) => {
             s.phase = TrainingJobPhase::WaitingForDependencies;
             let changed = condition::set(
@@ -212,8 +274,9 @@ fn wait_or_start(tj: &TrainingJob, plan: &mut Plan, observed: &Observed<'_>, pol
     }
 }
 
-/// The first unmet dependency: the condition's reason and message.
-fn unmet(observed: &Observed<'_>) -> Option<(&'static str, &'static str)> {
+/// The first unmet dependency: the condition's reason and message (`queued`: the run has a
+/// Kueue queue).
+fn unmet(observed: &Observed<'_>, queued: bool) -> Option<(&'static str, &'static str)> {
     match (observed.retriever, observed.rollout_pool) {
         (Some(Dependency::Missing), _) => {
             Some(("RetrieverNotFound", "the Retriever of spec.retrieverRef does not exist"))
@@ -227,6 +290,10 @@ fn unmet(observed: &Observed<'_>) -> Option<(&'static str, &'static str)> {
         (_, Some(Dependency::NotReady)) => {
             Some(("RolloutPoolNotReady", "the RolloutPool of spec.rolloutPoolRef is not Ready"))
         }
+        (_, Some(Dependency::Held)) if !queued => Some((
+            "RolloutPoolHeld",
+            "the RolloutPool of spec.rolloutPoolRef holds its pods until a queued TrainingJob is admitted; this one has no spec.queueName",
+        )),
         _ => None,
     }
 }
@@ -239,21 +306,29 @@ fn start(tj: &TrainingJob, plan: &mut Plan, reason: &str, now: &Time) {
     s.job_name = Some(job_name(&tj.metadata.name.clone().unwrap_or_default(), attempt));
     s.start_time.get_or_insert_with(|| now.clone());
     s.world_size = world_size(tj).ok();
-    s.phase = TrainingJobPhase::Running;
     let message = if attempt == 0 {
         "the trainer starts".to_string()
     } else {
         format!("attempt {attempt} resumes from the last checkpoint")
     };
-    condition::set(
-        &mut s.conditions,
-        types::RUNNING,
-        true,
-        reason,
-        message.clone(),
-        tj.metadata.generation,
-        now,
-    );
+    let generation = tj.metadata.generation;
+    match tj.queue() {
+        // The Job waits suspended until Kueue admits it.
+        Some(queue) => {
+            s.phase = TrainingJobPhase::Queued;
+            s.queue = Some(QueueStatus {
+                local_queue: queue.to_string(),
+                reason: "Submitted".into(),
+                ..QueueStatus::default()
+            });
+            let waits = format!("the trainer Job waits in LocalQueue {queue}");
+            condition::set(&mut s.conditions, types::QUEUED, true, "Submitted", waits, generation, now);
+        }
+        None => {
+            s.phase = TrainingJobPhase::Running;
+            condition::set(&mut s.conditions, types::RUNNING, true, reason, message.clone(), generation, now);
+        }
+    }
     plan.action = Action::Start { attempt };
     plan.transition.get_or_insert_with(|| Transition::normal(reason, message));
 }
@@ -326,6 +401,7 @@ mod tests {
             rollout_pool: Some(Dependency::Ready),
             job,
             report: None,
+            queue: None,
             now: at(now),
         }
     }
@@ -449,6 +525,71 @@ mod tests {
         assert!(p.status.cleaned_up);
         let p = step(&mut tj, observed(None, 200));
         assert_eq!((p.action, p.status.phase), (Action::None, TrainingJobPhase::Succeeded));
+    }
+
+    fn in_queue<'a>(job: &'a Job, reason: &str, admitted: bool) -> Observed<'a> {
+        let mut o = observed(Some(job), 0);
+        o.queue = Some(QueueStatus {
+            local_queue: "team".into(),
+            cluster_queue: admitted.then(|| "gpus".into()),
+            admitted,
+            reason: reason.into(),
+            message: format!("{reason} message"),
+            ..QueueStatus::default()
+        });
+        o
+    }
+
+    fn suspended(name: &str) -> Job {
+        let mut j = job(name, None);
+        j.spec = Some(k8s_openapi::api::batch::v1::JobSpec { suspend: Some(true), ..Default::default() });
+        j
+    }
+
+    #[test]
+    fn a_queued_run_waits_is_admitted_and_an_eviction_is_a_preemption_not_a_failure() {
+        let mut tj = fixtures::training_job(1);
+        tj.spec.queue_name = Some("team".into());
+        let p = step(&mut tj, observed(None, 0));
+        assert_eq!(p.action, Action::Start { attempt: 0 });
+        assert_eq!(p.status.phase, TrainingJobPhase::Queued, "created suspended: it waits for Kueue");
+        assert!(!condition::is_true(&p.status.conditions, types::RUNNING));
+
+        let waiting = suspended("run-trainer-0");
+        let p = step(&mut tj, in_queue(&waiting, "Pending", false));
+        assert_eq!(p.status.phase, TrainingJobPhase::Queued);
+        let queued = p.status.conditions.iter().find(|c| c.type_ == types::QUEUED).unwrap();
+        assert_eq!((queued.status.as_str(), queued.reason.as_str()), ("True", "Pending"));
+        assert_eq!(p.status.queue.as_ref().unwrap().message, "Pending message");
+        assert_eq!((p.action.clone(), p.requeue), (Action::None, Some(QUEUE_RECHECK)));
+
+        let admitted = job("run-trainer-0", None);
+        let p = step(&mut tj, in_queue(&admitted, "Admitted", true));
+        assert_eq!(p.status.phase, TrainingJobPhase::Running);
+        let t = p.transition.unwrap();
+        assert_eq!(
+            (t.reason.as_str(), t.note.as_str()),
+            ("Admitted", "Kueue admitted the trainer to ClusterQueue gpus")
+        );
+        assert!(!condition::is_true(&p.status.conditions, types::QUEUED));
+
+        tj.status.as_mut().unwrap().checkpoint = Some("/ckpt/step-00000003".into());
+        tj.status.as_mut().unwrap().step = 3;
+        let evicted = suspended("run-trainer-0");
+        let p = step(&mut tj, in_queue(&evicted, "Preempted", false));
+        assert_eq!(p.status.phase, TrainingJobPhase::Queued);
+        assert_eq!((p.status.preemptions, p.status.failures, p.status.attempts), (1, 0, 1));
+        assert_eq!(p.action, Action::None, "the same Job waits to be readmitted");
+        let t = p.transition.unwrap();
+        assert!(t.warning && t.reason == "Preempted", "{t:?}");
+        assert!(t.note.contains("at step 3") && t.note.contains("resumes from /ckpt/step-00000003"), "{t:?}");
+        let p = step(&mut tj, in_queue(&evicted, "Preempted", false));
+        assert_eq!(p.status.preemptions, 1, "counted once");
+        assert!(p.transition.is_none());
+
+        let p = step(&mut tj, in_queue(&admitted, "Admitted", true));
+        assert_eq!((p.status.phase, p.status.attempts), (TrainingJobPhase::Running, 1));
+        assert!(p.transition.unwrap().note.ends_with("it resumes from /ckpt/step-00000003"));
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! starts them. Each child gets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`,
 //! `MASTER_ADDR` and `MASTER_PORT`; with several nodes, `WORLD_SIZE` (all ranks) and `NODE_RANK`
 //! come from the environment (the operator sets them on each pod). SIGTERM and SIGINT are
-//! forwarded to the children; a child that fails stops the others, and the launcher exits with
-//! the first failure's code. Children die with the launcher (even a SIGKILLed one), and without
+//! forwarded to the children, which get as long as they need (rank 0 writes a checkpoint first;
+//! in a pod, the kubelet's kill at the end of the grace period bounds it); a child that fails
+//! stops the others, killed after [`GRACE`], and the launcher exits with the first failure's code. Children die with the launcher (even a SIGKILLed one), and without
 //! `OMP_NUM_THREADS` each gets an equal share of the node's cores.
 
 use anyhow::{Context, bail};
@@ -14,7 +15,7 @@ use std::str::FromStr;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 
-/// How long children get to stop after SIGTERM before they are killed.
+/// How long the other children get to stop after one failed before they are killed.
 const GRACE: Duration = Duration::from_secs(15);
 
 /// Processes per node: `auto` (one per visible GPU) or a number.
@@ -160,12 +161,12 @@ async fn supervise(children: Vec<(usize, Child)>) -> u8 {
                         tracing::error!(rank, code, "a rank failed; stopping the others");
                     }
                     failure = Some(code);
-                    stop(&pids);
+                    stop(&pids, Some(GRACE));
                 }
             }
             () = &mut shutdown, if !stopping => {
                 stopping = true;
-                stop(&pids);
+                stop(&pids, None);
             }
         }
     }
@@ -173,15 +174,16 @@ async fn supervise(children: Vec<(usize, Child)>) -> u8 {
 }
 
 /// Sends SIGTERM to the children still running, and SIGKILL to those still there after
-/// [`GRACE`].
-fn stop(pids: &[(usize, Option<u32>)]) {
+/// `kill_after` (none: they stop in their own time).
+fn stop(pids: &[(usize, Option<u32>)], kill_after: Option<Duration>) {
     let pids: Vec<i32> = pids.iter().filter_map(|(_, p)| p.and_then(|p| i32::try_from(p).ok())).collect();
     for &pid in &pids {
         // SAFETY: a signal to a child of this process.
         unsafe { libc::kill(pid, libc::SIGTERM) };
     }
+    let Some(grace) = kill_after else { return };
     tokio::spawn(async move {
-        tokio::time::sleep(GRACE).await;
+        tokio::time::sleep(grace).await;
         for pid in pids {
             // SAFETY: as above; a child already reaped makes this fail harmlessly.
             unsafe { libc::kill(pid, libc::SIGKILL) };

@@ -14,7 +14,7 @@ use kart_http::token::Token;
 use kart_torch::Ranks;
 use kart_train::follower::Follower;
 use kart_train::server::{Phase, StatusHandle, router};
-use kart_train::trainer::{Serving, Trainer};
+use kart_train::trainer::{Ending, Serving, Trainer};
 use kart_train::weights::WeightStore;
 use prometheus::Registry;
 use std::path::PathBuf;
@@ -85,6 +85,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         config.port = port;
     }
     if !ranks.is_leader() {
+        // Rank 0 decides when the run stops: on a termination signal it writes a checkpoint, for
+        // which it needs the other ranks, and then tells them the run is over. (The pod's kill at
+        // the end of its grace period, or the launcher's after a failure, ends a rank that
+        // outlives it.)
+        // SAFETY: only the disposition of two signals changes, which nothing else here handles.
+        unsafe {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+        }
         // The first rank of every other node answers its pod's probes; rank 0 serves the run.
         let ready = Readiness::default();
         if ranks.local_rank == 0 {
@@ -116,37 +125,45 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             Trainer::build(config, args.resume, &ranks, &registry, status.clone(), weights, serving)
         })?;
         ready.set(true);
-        // A pod being deleted, suspended or evicted gets SIGTERM: training stops at once (a step's
-        // update finishes first), and a resumed run continues from the newest checkpoint.
-        let shutdown = kart_http::shutdown_signal();
-        tokio::pin!(shutdown);
-        let result = tokio::select! {
-            result = trainer.run() => Some(result),
-            () = &mut shutdown => None,
+        // A pod being deleted, suspended, preempted or evicted gets SIGTERM: the step in progress
+        // finishes its update, a checkpoint of it is written, and a resumed run continues there.
+        let (signalled, signal) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            kart_http::shutdown_signal().await;
+            let _ = signalled.send(true);
+        });
+        let heard = |mut signal: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = signal.wait_for(|s| *s).await;
         };
+        let result = trainer.run_until(heard(signal.clone())).await;
         // Deleting a pod also takes away what it talks to (its Service, its workers), so a step
         // can fail just before the signal arrives: a failure the signal follows within a moment
-        // is a stop.
-        let result = match result {
-            Some(Err(error)) => match tokio::time::timeout(SIGNAL_GRACE, &mut shutdown).await {
+        // is a stop (with the checkpoint the run had).
+        let ending = match result {
+            Err(error) => match tokio::time::timeout(SIGNAL_GRACE, heard(signal)).await {
                 Ok(()) => {
                     tracing::warn!(%error, "the run failed as a termination signal arrived");
-                    None
+                    let s = status.get();
+                    let checkpoint = s.checkpoint.map(PathBuf::from);
+                    Ok(Ending::Stopped { step: s.step, checkpoint })
                 }
-                Err(_) => Some(Err(error)),
+                Err(_) => Err(error),
             },
-            other => other,
+            ending => ending,
         };
-        if result.is_none() {
+        if let Ok(Ending::Stopped { .. }) = &ending {
             status.update(|s| s.phase = Phase::Stopped);
         }
         // The operator reads the final status from this file (a pod's termination message).
         super::status_file::write(&status.get())?;
-        let Some(result) = result else {
-            eprintln!("stopped by a termination signal after step {}", status.get().step);
-            return Ok(ExitCode::from(STOPPED));
+        let summary = match ending? {
+            Ending::Finished(summary) => *summary,
+            Ending::Stopped { step, checkpoint } => {
+                let at = checkpoint.map_or_else(|| "none".into(), |c| c.display().to_string());
+                eprintln!("stopped by a termination signal after step {step}; checkpoint: {at}");
+                return Ok(ExitCode::from(STOPPED));
+            }
         };
-        let summary = result?;
         let em = |r: &Option<kart_train::eval::Evaluation>| {
             r.as_ref().map(|r| format!("{:.3}", r.greedy.all.exact_match))
         };

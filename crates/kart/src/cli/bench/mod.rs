@@ -5,6 +5,7 @@ mod anchor;
 mod dense;
 mod encoder;
 mod model;
+mod operator;
 mod retriever;
 mod rollout;
 mod server;
@@ -22,6 +23,7 @@ use std::process::ExitCode;
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     Model(model::Args),
+    Operator(operator::Args),
     Encoder(encoder::Args),
     Retriever(retriever::Args),
     Rollout(rollout::Args),
@@ -41,6 +43,7 @@ fn parse_precision(s: &str) -> Result<Precision, String> {
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Model(args) => model::run(args),
+        Command::Operator(args) => operator::run(args),
         Command::Encoder(args) => encoder::run(args),
         Command::Retriever(args) => retriever::run(args),
         Command::Rollout(args) => rollout::run(args),
