@@ -17,7 +17,9 @@
 #   plane, which `make test` builds from its Go modules (scripts/control-plane.sh build; needs the
 #   Go toolchain) beside kart;
 # - for its real node and kart's images: libseccomp-dev (runc), containernetworking-plugins,
-#   iptables, conntrack, buildah and mmdebstrap (Debian packages).
+#   iptables, conntrack, buildah and mmdebstrap (Debian packages);
+# - a JDK (Debian package `default-jdk-headless`) and Lucene's jars from Maven Central
+#   (scripts/lucene.sh), the Lucene anchor of `kart bench retriever`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KART_VENV:-$root/.venv}"
@@ -115,5 +117,10 @@ command -v iptables >/dev/null || apt_install iptables "kube-proxy's Service rul
 command -v conntrack >/dev/null || apt_install conntrack "kube-proxy"
 command -v buildah >/dev/null || apt_install buildah "building kart's images without a Docker engine"
 command -v mmdebstrap >/dev/null || apt_install mmdebstrap "the images' Debian base"
+
+if ! command -v java >/dev/null || ! command -v javac >/dev/null; then
+  apt_install default-jdk-headless "the Lucene anchor of kart bench retriever"
+fi
+bash "$root/scripts/lucene.sh" >/dev/null
 
 check_torch

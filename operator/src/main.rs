@@ -65,8 +65,10 @@ struct RunArgs {
     /// writes nothing).
     #[arg(long, default_value_t = 300)]
     resync_seconds: u64,
-    /// How many objects of one kind (per watched namespace) are reconciled at once.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    /// How many objects of one kind (per watched namespace) are reconciled at once. More does not
+    /// reconcile faster once the API server is busy, only slower each: at 1000 TrainingJobs on 2
+    /// cores, 4 gave the same 110 reconciles/s as 16 at a p99 of 0.46 s instead of 2.2 s.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
     /// `json` or `text` logs (default: text on a terminal, JSON otherwise).
     #[arg(long)]

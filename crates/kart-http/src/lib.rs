@@ -2,11 +2,13 @@
 //! bodies, the operational endpoints (`/healthz`, `/readyz`, `/metrics`), the listen address and
 //! graceful shutdown; [`metrics`] registers the `kart_` Prometheus metrics they export, [`token`]
 //! checks the token kart's processes share, [`panics`] answers a panicked handler with a 500,
-//! [`port`] chooses loopback ports for servers started in another process.
+//! [`port`] chooses loopback ports for servers started in another process, [`process`] reads
+//! such a server's resident memory.
 
 pub mod metrics;
 pub mod panics;
 pub mod port;
+pub mod process;
 pub mod token;
 
 use axum::Json;

@@ -5,8 +5,15 @@
 //!
 //! usearch was chosen over faiss (whose C API is not on crates.io and would be a system library
 //! to build) and the pure-Rust HNSW crates because it is one well-kept C++ header library built
-//! by `cargo` with the crate, adds from many threads at once, stores vectors as f32, f16 or i8,
-//! and searches a saved graph memory-mapped, so a serving pod starts without reading it all.
+//! by `cargo` with the crate, adds from many threads at once, stores vectors as f32, f16, i8 or
+//! one bit a dimension, and searches a saved graph memory-mapped, so a serving pod starts without
+//! reading it all.
+//!
+//! The one-bit graph ([`AnnQuantization::B1`]) is the compressed index, for corpora whose
+//! embeddings do not fit in memory: each vector is its dimensions' signs, compared by Hamming
+//! distance (binary quantisation), so the graph holds 96 bytes of a 768-dimensional vector
+//! beside its links, and the candidates it finds are re-scored against the f32 embeddings, which
+//! stay on disk and are read a few rows per query.
 //!
 //! The graph sits in the dense index folder beside the embeddings it was built from, and the
 //! manifest records how it was built ([`AnnConfig`]):
@@ -27,7 +34,7 @@ use crate::docstore::{Manifest, write_manifest};
 use kart_core::config::retriever::{AnnConfig, AnnQuantization, Method};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
-use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
+use usearch::{Index, IndexOptions, MetricKind, ScalarKind, b1x8};
 
 /// The graph's file name inside a dense index folder.
 pub const GRAPH: &str = "ann.usearch";
@@ -67,7 +74,12 @@ fn build_with_checkpoints(
         if end > start {
             let skip = start.saturating_sub(first) as usize;
             values[skip * dim..].par_chunks(dim).enumerate().try_for_each(|(i, vector)| {
-                index.add(first + (skip + i) as u64, vector).map_err(|e| usearch_error(&graph, e))
+                let key = first + (skip + i) as u64;
+                match config.quantization {
+                    AnnQuantization::B1 => index.add(key, &signs(vector)),
+                    _ => index.add(key, vector),
+                }
+                .map_err(|e| usearch_error(&graph, e))
             })?;
             since_checkpoint += end - first.max(start);
             if since_checkpoint >= checkpoint_rows && end < rows {
@@ -95,6 +107,8 @@ pub struct Graph {
     /// The f32 embeddings, memory-mapped: candidates are re-scored against them.
     exact: memmap2::Mmap,
     rerank: usize,
+    /// The graph holds the vectors' signs ([`AnnQuantization::B1`]).
+    binary: bool,
 }
 
 impl Graph {
@@ -144,7 +158,8 @@ impl Graph {
                 ),
             });
         }
-        Ok(Graph { index, dim, exact, rerank })
+        let binary = manifest.ann.is_some_and(|ann| ann.quantization == AnnQuantization::B1);
+        Ok(Graph { index, dim, exact, rerank, binary })
     }
 
     /// The `k` passages of highest inner product with each query of `queries` (rows of the
@@ -156,34 +171,64 @@ impl Graph {
 
     /// The `k` passages of highest inner product with `query`, best first, on this thread.
     pub fn search_one(&self, query: &[f32], k: usize) -> Result<Vec<(u64, f32)>, RetrieverError> {
-        let found = self
-            .index
-            .search(query, k.max(self.rerank))
-            .map_err(|e| RetrieverError::Internal { what: "approximate search", reason: e.to_string() })?;
+        let count = k.max(self.rerank);
+        let found = match self.binary {
+            true => self.index.search(&signs(query), count),
+            false => self.index.search(query, count),
+        }
+        .map_err(|e| RetrieverError::Internal { what: "approximate search", reason: e.to_string() })?;
         let exact = &self.exact;
         let row_bytes = self.dim * 4;
         let mut scored: Vec<(u64, f32)> = found
             .keys
             .into_iter()
-            .map(|key| {
-                let row = &exact[key as usize * row_bytes..][..row_bytes];
-                let dot = row
-                    .chunks_exact(4)
-                    .zip(query)
-                    .map(|(b, q)| f32::from_le_bytes(b.try_into().expect("4 bytes")) * q)
-                    .sum();
-                (key, dot)
-            })
+            .map(|key| (key, dot(&exact[key as usize * row_bytes..][..row_bytes], query)))
             .collect();
         scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         scored.truncate(k);
         Ok(scored)
     }
 
+    /// Re-scores the best `n` candidates (at least the `k` asked for) from now on.
+    pub fn set_rerank(&mut self, n: usize) {
+        self.rerank = n;
+    }
+
     /// Explores `n` candidates per query from now on.
     pub fn set_expansion_search(&self, n: usize) {
         self.index.change_expansion_search(n.max(1));
     }
+}
+
+/// The inner product of a row of little-endian f32 `bytes` with `query`, in eight running sums
+/// (one sum is a chain of dependent additions the CPU cannot overlap).
+fn dot(bytes: &[u8], query: &[f32]) -> f32 {
+    let mut sums = [0f32; 8];
+    let mut rows = bytes.chunks_exact(32);
+    let mut queries = query.chunks_exact(8);
+    for (row, q) in (&mut rows).zip(&mut queries) {
+        for lane in 0..8 {
+            let x = f32::from_le_bytes(row[lane * 4..lane * 4 + 4].try_into().expect("4 bytes"));
+            sums[lane] += x * q[lane];
+        }
+    }
+    let tail: f32 = rows
+        .remainder()
+        .chunks_exact(4)
+        .zip(queries.remainder())
+        .map(|(b, q)| f32::from_le_bytes(b.try_into().expect("4 bytes")) * q)
+        .sum();
+    sums.iter().sum::<f32>() + tail
+}
+
+/// A vector's signs, one bit a dimension (set where positive), as a one-bit graph stores it.
+fn signs(vector: &[f32]) -> Vec<b1x8> {
+    vector
+        .chunks(8)
+        .map(|chunk| {
+            b1x8(chunk.iter().enumerate().fold(0u8, |bits, (i, &x)| bits | (u8::from(x > 0.0) << i)))
+        })
+        .collect()
 }
 
 /// The rows and dimension of the dense index `dir`, refusing other kinds.
@@ -197,16 +242,19 @@ fn dense_shape(dir: &Path, manifest: &Manifest) -> Result<(u64, usize), Retrieve
     }
 }
 
-/// usearch's options for `config`: inner product, as the flat scan ranks.
+/// usearch's options for `config`: inner product, as the flat scan ranks, or Hamming distance
+/// between signs for the one-bit graph.
 fn options(dim: usize, config: &AnnConfig) -> IndexOptions {
+    let (metric, quantization) = match config.quantization {
+        AnnQuantization::F32 => (MetricKind::IP, ScalarKind::F32),
+        AnnQuantization::F16 => (MetricKind::IP, ScalarKind::F16),
+        AnnQuantization::I8 => (MetricKind::IP, ScalarKind::I8),
+        AnnQuantization::B1 => (MetricKind::Hamming, ScalarKind::B1),
+    };
     IndexOptions {
         dimensions: dim,
-        metric: MetricKind::IP,
-        quantization: match config.quantization {
-            AnnQuantization::F32 => ScalarKind::F32,
-            AnnQuantization::F16 => ScalarKind::F16,
-            AnnQuantization::I8 => ScalarKind::I8,
-        },
+        metric,
+        quantization,
         connectivity: config.connectivity,
         expansion_add: config.expansion_add,
         expansion_search: 64,
@@ -367,6 +415,48 @@ mod tests {
         assert!(narrow < wide && wide >= 0.95, "ef 1: {narrow}, ef 256: {wide}");
         assert!(rescored > narrow, "re-scoring more candidates finds more neighbours: {rescored}");
         assert!(everything >= 0.99, "every vector re-scored: {everything}");
+    }
+
+    #[test]
+    fn the_one_bit_graph_finds_candidates_that_re_scoring_ranks_exactly() {
+        let (dir, vectors) = folder(3000);
+        let config = AnnConfig { quantization: AnnQuantization::B1, ..AnnConfig::default() };
+        build(dir.path(), &config, |_, _| {}).unwrap();
+        let manifest = Manifest::read(dir.path()).unwrap();
+        let mut graph = Graph::open(dir.path(), &manifest, 256, 0).unwrap();
+        assert!(graph.binary);
+        // 2 bytes of signs a vector of 16 dimensions, beside its links.
+        let bytes = std::fs::metadata(dir.path().join(GRAPH)).unwrap().len();
+        assert!(bytes < 3000 * (16 * 4 + 2 * 32 * 4), "{bytes} bytes");
+        let queries = unit_vectors(100, 3);
+        let truth = exact(&vectors, &queries, 10);
+        let signs_only = recall(&graph.search(&queries, 10).unwrap(), &truth);
+        graph.set_rerank(300);
+        let found = graph.search(&queries, 10).unwrap();
+        let rescored = recall(&found, &truth);
+        assert!(
+            rescored >= 0.9 && rescored > signs_only + 0.2,
+            "signs alone {signs_only}, re-scored {rescored}"
+        );
+        // Scores are exact inner products, best first.
+        let (ordinal, score) = found[0][0];
+        let row = &vectors[ordinal as usize * DIM..][..DIM];
+        let dot: f32 = queries[..DIM].iter().zip(row).map(|(a, b)| a * b).sum();
+        assert!((score - dot).abs() < 1e-5, "{score} vs {dot}");
+        assert!(found.iter().all(|f| f.windows(2).all(|w| w[0].1 >= w[1].1)));
+    }
+
+    #[test]
+    fn signs_and_the_dot_product_of_stored_rows() {
+        let v: Vec<f32> = (0..19).map(|i| if i % 3 == 0 { 0.5 } else { -0.25 }).collect();
+        let bits = signs(&v);
+        assert_eq!(bits.len(), 3);
+        assert_eq!(bits[0].0, 0b0100_1001);
+        assert_eq!(bits[1].0, 0b1001_0010);
+        assert_eq!(bits[2].0, 0b0000_0100, "dimension 18 is positive");
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let expected: f32 = v.iter().map(|x| x * x).sum();
+        assert!((dot(&bytes, &v) - expected).abs() < 1e-6);
     }
 
     #[test]

@@ -68,6 +68,9 @@ pub struct Args {
     /// [default: 60, 10 with --quick].
     #[arg(long)]
     resync_seconds: Option<u64>,
+    /// The operator's `--concurrency`: reconciles at once per controller [default: the operator's].
+    #[arg(long)]
+    concurrency: Option<u16>,
     /// How long without a write counts as settled, in seconds [default: 30, 10 with --quick].
     #[arg(long)]
     quiet_seconds: Option<u64>,
@@ -102,12 +105,15 @@ struct Report {
     reconciles_per_sec: f64,
     p50_reconcile_secs: f64,
     p99_reconcile_secs: f64,
+    /// The p99 until settled of each controller.
+    p99_reconcile_secs_by_controller: BTreeMap<String, f64>,
     /// The operator's requests until settled, by verb.
     requests: BTreeMap<String, usize>,
     peak_rss_mb: f64,
     steady_secs: f64,
     steady_reconciles: u64,
     p99_steady_reconcile_secs: f64,
+    p99_steady_reconcile_secs_by_controller: BTreeMap<String, f64>,
     /// Writes at steady state other than the Lease's, by verb and resource.
     steady_writes: BTreeMap<String, usize>,
     steady_writes_per_min: f64,
@@ -146,7 +152,8 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         }
     };
     let resync = args.resync_seconds.unwrap_or(if args.quick { 10 } else { 60 }).max(1);
-    let report = measure(&cluster, counts, nodes, resync, quiet).await;
+    let flags = OperatorFlags { resync_seconds: resync, concurrency: args.concurrency };
+    let report = measure(&cluster, counts, nodes, &flags, quiet).await;
     drop(cluster);
     let report = report?;
     print(&report);
@@ -161,7 +168,7 @@ async fn measure(
     cluster: &Cluster,
     counts: Counts,
     nodes: usize,
-    resync_seconds: u64,
+    flags: &OperatorFlags,
     quiet: Duration,
 ) -> anyhow::Result<Report> {
     let client = cluster.client().await?;
@@ -177,7 +184,7 @@ async fn measure(
     }
     let audit_path = cluster.dir.join("logs/audit.log");
     let trainers = trainers::Trainers::start().await?;
-    let mut operator = Operator::start(cluster, &trainers, resync_seconds, "first")?;
+    let mut operator = Operator::start(cluster, &trainers, flags, "first")?;
     operator.wait_listening().await?;
     let mut log = AuditLog::from_end(&audit_path)?;
     // Before the objects: what the operator does on an empty cluster (its caches' lists and
@@ -233,7 +240,7 @@ async fn measure(
     eprintln!("bench: settled after {settled_secs:.1} s, {reconciles} reconciles");
 
     // The steady state: two resync periods, every object reconciled again.
-    let steady = Duration::from_secs(resync_seconds * 2);
+    let steady = Duration::from_secs(flags.resync_seconds * 2);
     let steady_start = Instant::now();
     let mut steady_requests = Vec::new();
     while steady_start.elapsed() < steady {
@@ -255,7 +262,7 @@ async fn measure(
     operator.stop()?;
     let mut log = AuditLog::from_end(&audit_path)?;
     let restart = Instant::now();
-    let mut operator = Operator::start(cluster, &trainers, resync_seconds, "restarted")?;
+    let mut operator = Operator::start(cluster, &trainers, flags, "restarted")?;
     operator.wait_listening().await?;
     loop {
         let reconciled = operator.metrics().await?.reconciles;
@@ -289,11 +296,13 @@ async fn measure(
         reconciles_per_sec: reconciles as f64 / elapsed,
         p50_reconcile_secs: latency.quantile(0.5),
         p99_reconcile_secs: latency.quantile(0.99),
+        p99_reconcile_secs_by_controller: latency.quantiles(0.99),
         requests: audit::by_verb(&requests),
         peak_rss_mb: peak_rss,
         steady_secs,
         steady_reconciles,
         p99_steady_reconcile_secs: steady_latency.quantile(0.99),
+        p99_steady_reconcile_secs_by_controller: steady_latency.quantiles(0.99),
         steady_writes_per_min: per_min(steady_writes.values().sum()),
         lease_writes_per_min: per_min(lease_writes.values().sum()),
         steady_writes,
@@ -475,36 +484,64 @@ struct Scrape {
     reconciles: u64,
     /// The reconcile-duration histogram over every controller: (upper bound, cumulative count).
     buckets: Vec<(f64, u64)>,
+    /// The same for each controller alone (empty within a controller's own).
+    controllers: BTreeMap<String, Scrape>,
 }
 
 impl Scrape {
     fn parse(text: &str) -> Scrape {
-        let mut scrape = Scrape::default();
-        let mut buckets: BTreeMap<String, (f64, u64)> = BTreeMap::new();
+        let mut all = Scrape::default();
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let Some((series, value)) = line.rsplit_once(' ') else { continue };
-            let value: f64 = value.parse().unwrap_or(0.0);
+            let value = value.parse::<f64>().unwrap_or(0.0) as u64;
+            let label = |name: &str| {
+                series
+                    .split(&format!("{name}=\""))
+                    .nth(1)
+                    .and_then(|s| s.split('"').next())
+                    .map(str::to_string)
+            };
+            let controller = label("controller").unwrap_or_default();
             if series.starts_with("kart_operator_reconciles_total") {
-                scrape.reconciles += value as u64;
+                all.reconciles += value;
+                all.controllers.entry(controller).or_default().reconciles += value;
             } else if series.starts_with("kart_operator_reconcile_duration_seconds_bucket")
-                && let Some(le) = series.split("le=\"").nth(1).and_then(|s| s.split('"').next())
+                && let Some(le) = label("le")
             {
                 let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::INFINITY) };
-                buckets.entry(le.to_string()).or_insert((bound, 0)).1 += value as u64;
+                all.add_bucket(bound, value);
+                all.controllers.entry(controller).or_default().add_bucket(bound, value);
             }
         }
-        scrape.buckets = buckets.into_values().collect();
-        scrape.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        scrape
+        all
+    }
+
+    /// Adds `count` to the bucket of upper bound `bound`, keeping the buckets sorted.
+    fn add_bucket(&mut self, bound: f64, count: u64) {
+        match self.buckets.binary_search_by(|(b, _)| b.total_cmp(&bound)) {
+            Ok(i) => self.buckets[i].1 += count,
+            Err(i) => self.buckets.insert(i, (bound, count)),
+        }
     }
 
     /// The histogram of what happened since `earlier`.
     fn minus(&self, earlier: &Scrape) -> Scrape {
         let before = |bound: f64| earlier.buckets.iter().find(|(b, _)| *b == bound).map_or(0, |(_, n)| *n);
+        let none = Scrape::default();
         Scrape {
             reconciles: self.reconciles - earlier.reconciles,
             buckets: self.buckets.iter().map(|&(b, n)| (b, n.saturating_sub(before(b)))).collect(),
+            controllers: self
+                .controllers
+                .iter()
+                .map(|(name, c)| (name.clone(), c.minus(earlier.controllers.get(name).unwrap_or(&none))))
+                .collect(),
         }
+    }
+
+    /// The `q` quantile of each controller.
+    fn quantiles(&self, q: f64) -> BTreeMap<String, f64> {
+        self.controllers.iter().map(|(name, c)| (name.clone(), c.quantile(q))).collect()
     }
 
     /// The `q` quantile, interpolated within its bucket (the largest finite bound when it falls
@@ -528,18 +565,25 @@ impl Scrape {
     }
 }
 
+/// The flags the benchmark runs the operator with.
+struct OperatorFlags {
+    resync_seconds: u64,
+    concurrency: Option<u16>,
+}
+
 impl Operator {
     fn start(
         cluster: &Cluster,
         trainers: &trainers::Trainers,
-        resync_seconds: u64,
+        flags: &OperatorFlags,
         name: &str,
     ) -> anyhow::Result<Operator> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let log = std::fs::File::create(cluster.dir.join(format!("logs/operator-{name}.log")))?;
         let child = Command::new(std::env::current_exe()?)
             .args(["run", "--http-port", &port.to_string(), "--log-format", "json"])
-            .args(["--resync-seconds", &resync_seconds.to_string()])
+            .args(["--resync-seconds", &flags.resync_seconds.to_string()])
+            .args(flags.concurrency.map(|n| format!("--concurrency={n}")))
             .env("KUBECONFIG", cluster.dir.join("operator.kubeconfig"))
             .env("POD_NAME", format!("kart-operator-{name}"))
             .env("HTTP_PROXY", &trainers.url)
@@ -570,14 +614,7 @@ impl Operator {
 
     /// Resident memory now, in MB (from /proc).
     fn rss_mb(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        let kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        kb / 1024.0
+        kart_http::process::resident_mb(self.child.id())
     }
 
     fn check_alive(&mut self) -> anyhow::Result<()> {
@@ -642,6 +679,14 @@ fn print(r: &Report) {
         Some(500.0),
         Some(r.p99_steady_reconcile_secs <= 0.5),
     );
+    let by_controller = |m: &BTreeMap<String, f64>| {
+        m.iter().map(|(k, v)| format!("{k} {:.1} ms", v * 1000.0)).collect::<Vec<_>>().join(", ")
+    };
+    println!("  p99 by controller until settled: {}", by_controller(&r.p99_reconcile_secs_by_controller));
+    println!(
+        "  p99 by controller at steady state: {}",
+        by_controller(&r.p99_steady_reconcile_secs_by_controller)
+    );
     row("peak resident memory", r.peak_rss_mb, " MB", Some(300.0), Some(r.peak_rss_mb <= 300.0));
     row(
         "writes per minute at steady state",
@@ -701,5 +746,8 @@ mod tests {
         let none = scrape.minus(&scrape);
         assert_eq!((none.reconciles, none.buckets[2]), (0, (f64::INFINITY, 0)));
         assert_eq!(scrape.minus(&Scrape::default()).buckets, scrape.buckets);
+        let by_controller = scrape.quantiles(0.9);
+        assert_eq!((by_controller["a"], by_controller["b"]), (0.5, 0.1 + 0.4 * 40.0 / 50.0));
+        assert_eq!(scrape.controllers["a"].reconciles, 100);
     }
 }

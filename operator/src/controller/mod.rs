@@ -78,7 +78,7 @@ impl Context {
             status_source,
             poll: Duration::from_secs(10),
             resync: Duration::from_secs(300),
-            concurrency: 16,
+            concurrency: 4,
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(300)),
         }
     }

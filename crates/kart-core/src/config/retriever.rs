@@ -95,6 +95,11 @@ pub enum AnnQuantization {
     /// candidates (`ann_rerank`) recovers the recall it loses.
     #[default]
     I8,
+    /// 1 bit a dimension (its sign: a 32nd of f32), compared by Hamming distance, for corpora
+    /// whose embeddings do not fit in memory even at a byte a dimension: the graph only finds
+    /// candidates, and re-scoring many of them (`ann_rerank` of 100 or more) against the f32
+    /// embeddings, read from disk, ranks them.
+    B1,
 }
 
 /// Settings of the online backends (web search and page access).

@@ -68,6 +68,8 @@ pub enum Quantization {
     F32,
     F16,
     I8,
+    /// One bit a dimension, compared by Hamming distance (re-score 100 or more candidates).
+    B1,
 }
 
 impl From<Quantization> for AnnQuantization {
@@ -76,6 +78,7 @@ impl From<Quantization> for AnnQuantization {
             Quantization::F32 => AnnQuantization::F32,
             Quantization::F16 => AnnQuantization::F16,
             Quantization::I8 => AnnQuantization::I8,
+            Quantization::B1 => AnnQuantization::B1,
         }
     }
 }

@@ -8,6 +8,7 @@ mod model;
 mod operator;
 mod retriever;
 mod rollout;
+mod served;
 mod server;
 mod shape;
 mod sync;

@@ -32,13 +32,23 @@ impl Server {
         Ok(Server { child, name: name.to_owned(), url: format!("http://127.0.0.1:{port}") })
     }
 
+    /// The server's resident memory now, in MB.
+    pub fn rss_mb(&self) -> f64 {
+        kart_http::process::resident_mb(self.child.id())
+    }
+
     /// Polls `/health` until it answers, failing when the server exits first or `limit` passes
     /// (a deadline for a loaded machine, not an expected time). An answer counts only while the
     /// server still runs: one that failed to bind its port must not pass for whatever holds it.
     pub async fn ready(&mut self, limit: Duration) -> anyhow::Result<()> {
+        self.ready_at("/health", limit).await
+    }
+
+    /// [`Server::ready`] for a server whose readiness is at `path` (kart's `/readyz`).
+    pub async fn ready_at(&mut self, path: &str, limit: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + limit;
         let client = reqwest::Client::new();
-        let health = format!("{}/health", self.url);
+        let health = format!("{}{path}", self.url);
         loop {
             let answered = client.get(&health).send().await.is_ok_and(|r| r.status().is_success());
             if let Some(status) = self.child.try_wait()? {
