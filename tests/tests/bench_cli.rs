@@ -397,3 +397,43 @@ fn small_compressed_dense_bench_compares_the_one_bit_graph_with_faiss_ivfpq() {
     // where f32 vectors would add 256.
     assert!(report["kart"]["index_bytes"].as_u64().unwrap() < 3000 * (8 + 2 * 32 * 4 + 40), "{report}");
 }
+
+/// `kart bench retriever --reuse`: a second run searches the first run's corpus and index without
+/// building (its build figures absent, its results the same), and refuses a folder of other
+/// settings.
+#[test]
+fn bm25_bench_reuses_an_index_of_the_same_settings_only() {
+    let work = tempfile::tempdir().unwrap();
+    let json = work.path().join("report.json");
+    let bench = |extra: &[&str]| {
+        let mut command = Command::new(binary("kart"));
+        command
+            .args([
+                "bench",
+                "retriever",
+                "--passages",
+                "2000",
+                "--queries",
+                "50",
+                "--vocab",
+                "2000",
+                "--no-anchor",
+            ])
+            .arg("--work")
+            .arg(work.path().join("run"))
+            .arg("--json")
+            .arg(&json)
+            .args(extra);
+        command
+    };
+    let (_, first) = report_of(&mut bench(&[]), &json);
+    assert!(first["kart"]["index_seconds"].as_f64().unwrap() > 0.0, "{first}");
+    let (stdout, again) = report_of(&mut bench(&["--reuse"]), &json);
+    assert!(stdout.contains("index reused (--reuse)"), "{stdout}");
+    assert!(again["kart"]["index_seconds"].is_null(), "not measured, not 0: {again}");
+    assert_eq!(again["kart"]["recall"], first["kart"]["recall"], "{again}");
+    assert_eq!(again["kart"]["index_bytes"], first["kart"]["index_bytes"], "{again}");
+    let other = bench(&["--reuse", "--seed", "1"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success() && stderr.contains("--reuse:") && stderr.contains("seed: 1"), "{stderr}");
+}

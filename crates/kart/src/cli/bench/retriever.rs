@@ -1050,11 +1050,11 @@ impl Report {
             self.topk,
             self.cores
         );
-        println!(
-            "kart: tantivy BM25, index {:.1}s ({:.0} MB)",
-            self.kart.index_seconds,
-            self.kart.index_bytes as f64 / 1e6
-        );
+        let built = match self.kart.index_seconds {
+            s if s.is_nan() => "reused (--reuse), build not measured".to_string(),
+            s => format!("{s:.1}s"),
+        };
+        println!("kart: tantivy BM25, index {built} ({:.0} MB)", self.kart.index_bytes as f64 / 1e6);
         for anchor in [&self.lucene, &self.bm25s].into_iter().flatten() {
             println!("anchor: {}", anchor.anchor);
         }
