@@ -8,6 +8,11 @@ use prometheus::{
 };
 use std::collections::HashMap;
 
+/// The reconciliation counter's name, by controller.
+pub const RECONCILES: &str = "kart_operator_reconciles_total";
+/// The reconciliation duration histogram's name, by controller.
+pub const RECONCILE_DURATION: &str = "kart_operator_reconcile_duration_seconds";
+
 /// Counters, durations and the TrainingJob gauge, in their own registry.
 pub struct Metrics {
     registry: Registry,
@@ -19,11 +24,9 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let reconciles = IntCounterVec::new(
-            Opts::new("kart_operator_reconciles_total", "Reconciliations run, by controller."),
-            &["controller"],
-        )
-        .expect("valid metric");
+        let reconciles =
+            IntCounterVec::new(Opts::new(RECONCILES, "Reconciliations run, by controller."), &["controller"])
+                .expect("valid metric");
         let errors = IntCounterVec::new(
             Opts::new(
                 "kart_operator_reconcile_errors_total",
@@ -33,7 +36,7 @@ impl Default for Metrics {
         )
         .expect("valid metric");
         let duration = HistogramVec::new(
-            HistogramOpts::new("kart_operator_reconcile_duration_seconds", "Duration of one reconciliation.")
+            HistogramOpts::new(RECONCILE_DURATION, "Duration of one reconciliation.")
                 .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
             &["controller"],
         )

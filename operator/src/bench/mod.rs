@@ -18,6 +18,7 @@ pub mod trainers;
 pub mod workload;
 
 use crate::crd::{self, Retriever, RolloutPool, TrainingJob};
+use crate::metrics::{RECONCILE_DURATION, RECONCILES};
 use anyhow::{Context as _, bail};
 use audit::{AuditLog, Request};
 use futures::StreamExt;
@@ -502,10 +503,10 @@ impl Scrape {
                     .map(str::to_string)
             };
             let controller = label("controller").unwrap_or_default();
-            if series.starts_with("kart_operator_reconciles_total") {
+            if series.starts_with(RECONCILES) {
                 all.reconciles += value;
                 all.controllers.entry(controller).or_default().reconciles += value;
-            } else if series.starts_with("kart_operator_reconcile_duration_seconds_bucket")
+            } else if series.strip_prefix(RECONCILE_DURATION).is_some_and(|rest| rest.starts_with("_bucket"))
                 && let Some(le) = label("le")
             {
                 let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::INFINITY) };
