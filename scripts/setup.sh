@@ -19,7 +19,9 @@
 # - for its real node and kart's images: libseccomp-dev (runc), containernetworking-plugins,
 #   iptables, conntrack, buildah and mmdebstrap (Debian packages);
 # - a JDK (Debian package `default-jdk-headless`) and Lucene's jars from Maven Central
-#   (scripts/lucene.sh), the Lucene anchor of `kart bench retriever`.
+#   (scripts/lucene.sh), the Lucene anchor of `kart bench retriever`;
+# - Chromium and its chromedriver (Debian packages `chromium`, `chromium-driver`), the headless
+#   browser of the trajectory viewer's test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KART_VENV:-$root/.venv}"
@@ -122,5 +124,8 @@ if ! command -v java >/dev/null || ! command -v javac >/dev/null; then
   apt_install default-jdk-headless "the Lucene anchor of kart bench retriever"
 fi
 bash "$root/scripts/lucene.sh" >/dev/null
+
+command -v chromium >/dev/null || apt_install chromium "the trajectory viewer's browser test"
+command -v chromedriver >/dev/null || apt_install chromium-driver "the trajectory viewer's browser test"
 
 check_torch

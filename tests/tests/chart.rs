@@ -3,7 +3,7 @@
 //! schemas and the worker's config types, their PromQL parsed by promtool, every metric they use
 //! checked against what running kart processes export (the operator among them, reconciling
 //! against a real control plane), and the processes scraped by a real Prometheus server that also
-//! evaluates the alerting rules.
+//! evaluates the alerting rules and answers every dashboard panel's queries with data.
 
 use kart_core::config::retriever::RetrieverConfig;
 use kart_core::config::rollout::RolloutConfig;
@@ -440,8 +440,105 @@ fn prometheus_query(client: &reqwest::blocking::Client, base: &str, query: &str)
     Some(answer["data"]["result"].as_array().cloned().unwrap_or_default())
 }
 
+/// A dashboard: its query variables in order (name, `label_values` query, `allValue`) and its
+/// panels (title, target expressions).
+struct Board {
+    file: String,
+    variables: Vec<(String, String, String)>,
+    panels: Vec<(String, Vec<String>)>,
+}
+
+fn boards() -> Vec<Board> {
+    let dir = repo_root().join("deploy/grafana");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    files
+        .iter()
+        .map(|path| {
+            let board: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            let variables = board["templating"]["list"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|v| {
+                    let query = v["query"]["query"].as_str()?;
+                    let all = v["allValue"].as_str().unwrap_or(".*");
+                    Some((v["name"].as_str().unwrap().to_string(), query.to_string(), all.to_string()))
+                })
+                .collect();
+            let panels = board["panels"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|p| {
+                    let exprs: Vec<String> = p["targets"]
+                        .as_array()?
+                        .iter()
+                        .map(|t| t["expr"].as_str().unwrap().to_string())
+                        .collect();
+                    Some((p["title"].as_str().unwrap().to_string(), exprs))
+                })
+                .collect();
+            Board { file: path.file_name().unwrap().to_string_lossy().into(), variables, panels }
+        })
+        .collect()
+}
+
+/// How a dashboard's variables are set: `All` (their `allValue`) or each one's first value.
+#[derive(Debug, Clone, Copy)]
+enum Choice {
+    All,
+    First,
+}
+
+/// The variables' values for `choice`, each `label_values(SELECTOR, LABEL)` query asked of
+/// Prometheus's label values API as Grafana asks it (the earlier variables substituted).
+fn variables(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    board: &Board,
+    choice: Choice,
+) -> BTreeMap<String, String> {
+    let pattern = regex::Regex::new(r"^label_values\((.*),\s*([A-Za-z_]+)\)$").unwrap();
+    let mut values = BTreeMap::new();
+    for (name, query, all) in &board.variables {
+        let query = grafana_substitute(query, &values);
+        let parts =
+            pattern.captures(&query).unwrap_or_else(|| panic!("{}: variable {name}: {query}", board.file));
+        let url = format!("{base}/api/v1/label/{}/values", &parts[2]);
+        let url = reqwest::Url::parse_with_params(&url, [("match[]", &parts[1])]).unwrap();
+        let found: Vec<String> =
+            eventually(300, &format!("{}: values of ${name}", board.file), String::new, || {
+                let answer: Value = client.get(url.clone()).send().ok()?.json().ok()?;
+                let found: Vec<String> = answer["data"]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect();
+                (!found.is_empty()).then_some(found)
+            });
+        let value = match choice {
+            Choice::All => all.clone(),
+            Choice::First => found[0].clone(),
+        };
+        values.insert(name.clone(), value);
+    }
+    values
+}
+
+/// `expr` with Grafana's variables in place: the dashboard's own from `values`, and the interval
+/// variables as Grafana sets them for a 5-minute range scraped every 15 s.
+fn grafana_substitute(expr: &str, values: &BTreeMap<String, String>) -> String {
+    let mut out =
+        expr.replace("$__rate_interval", "1m").replace("$__interval", "15s").replace("$__range", "5m");
+    for (name, value) in values {
+        out = out.replace(&format!("${{{name}}}"), value).replace(&format!("${name}"), value);
+    }
+    out
+}
+
 #[test]
-fn prometheus_scrapes_kart_and_evaluates_the_alerts() {
+fn prometheus_scrapes_kart_evaluates_the_alerts_and_fills_every_panel() {
     let dir = temp_dir("prometheus");
     let kart = start_kart(&dir);
     let scrape_configs: Vec<Value> = kart
@@ -449,8 +546,12 @@ fn prometheus_scrapes_kart_and_evaluates_the_alerts() {
         .iter()
         .map(|(name, url)| {
             let url = reqwest::Url::parse(url).unwrap();
+            // The labels the chart's PodMonitors and ServiceMonitor give a pod's series in a
+            // cluster: its namespace, and its custom resource as the instance.
+            let namespace = if *name == "operator" { "kart-system" } else { "ml" };
+            let labels = json!({"namespace": namespace, "app_kubernetes_io_instance": format!("test-{name}")});
             json!({"job_name": format!("kart-{name}"), "metrics_path": url.path(),
-                   "static_configs": [{"targets": [format!("127.0.0.1:{}", url.port().unwrap())]}]})
+                   "static_configs": [{"targets": [format!("127.0.0.1:{}", url.port().unwrap())], "labels": labels}]})
         })
         .collect();
     let config = json!({
@@ -512,6 +613,34 @@ fn prometheus_scrapes_kart_and_evaluates_the_alerts() {
         assert_eq!(rule["type"], "alerting", "{rule}");
     }
     assert!(rules.len() >= 5, "{rules:?}");
+
+    // Every panel of every dashboard has data, its variables chosen as a user chooses them: all
+    // of them, or the first value of each.
+    let mut pending = Vec::new();
+    for board in boards() {
+        for choice in [Choice::All, Choice::First] {
+            let values = variables(&client, &base, &board, choice);
+            for (panel, exprs) in &board.panels {
+                for query in exprs.iter().map(|e| grafana_substitute(e, &values)) {
+                    pending.push((format!("{}: panel {panel:?} ({choice:?}): {query}", board.file), query));
+                }
+            }
+        }
+    }
+    let checked = pending.len();
+    assert!(checked >= 120, "{checked} panel queries");
+    // Asked again until each has data (the rates need two scrapes in their window), then every
+    // query still without is named.
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    loop {
+        pending.retain(|(_, query)| prometheus_query(&client, &base, query).is_none_or(|r| r.is_empty()));
+        if pending.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let missing: Vec<&String> = pending.iter().map(|(what, _)| what).collect();
+    assert!(missing.is_empty(), "panels without data after {seconds} s: {missing:#?}");
     drop(prometheus);
     drop(kart);
     std::fs::remove_dir_all(&dir).unwrap();

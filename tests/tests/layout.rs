@@ -18,8 +18,16 @@ fn dependencies(package: &str) -> String {
 
 #[test]
 fn libtorch_stays_out_of_the_crates_that_do_not_use_it() {
-    for package in ["kart-core", "kart-tokenizer", "kart-http", "kart-tools", "kart-rollout", "kart-operator"]
-    {
+    for package in [
+        "kart-core",
+        "kart-tokenizer",
+        "kart-http",
+        "kart-tools",
+        "kart-tracking",
+        "kart-viewer",
+        "kart-rollout",
+        "kart-operator",
+    ] {
         let tree = dependencies(package);
         assert!(tree.lines().any(|l| l.starts_with(package)), "{package}: {tree}");
         assert!(

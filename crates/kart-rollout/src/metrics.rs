@@ -95,12 +95,16 @@ impl RolloutMetrics {
 
     /// Records a finished trajectory of environment `env`.
     pub fn observe(&self, env: &str, t: &Trajectory) {
-        let status = match t.status {
-            Status::Completed => "completed",
-            Status::Truncated => "truncated",
-            Status::Aborted => "aborted",
-        };
-        self.trajectories.with_label_values(&[env, status]).inc();
+        // Every status of the environment has a series (0 until one ends so), so the share that
+        // ended truncated or aborted is 0 rather than absent.
+        for (status, name) in
+            [(Status::Completed, "completed"), (Status::Truncated, "truncated"), (Status::Aborted, "aborted")]
+        {
+            let counter = self.trajectories.with_label_values(&[env, name]);
+            if status == t.status {
+                counter.inc();
+            }
+        }
         if t.status != Status::Aborted {
             self.reward.with_label_values(&[env]).observe(t.reward);
         }

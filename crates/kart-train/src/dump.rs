@@ -1,6 +1,7 @@
 //! `rollouts.jsonl`: every step's trajectories, decoded, with the prompt, model and environment
-//! spans told apart, plus reward, status and statistics (what ASearcher and slime users read to
-//! see what their agent does), and the whole trajectory for `rollout.replay`.
+//! spans told apart, plus reward, status, staleness and statistics (what ASearcher and slime users
+//! read to see what their agent does, and what `/ui` and `kart view` show), and the whole
+//! trajectory for `rollout.replay`.
 
 use kart_core::agent::trajectory::Trajectory;
 use kart_core::wire::Group;
@@ -9,6 +10,9 @@ use kart_tokenizer::Tokenizer;
 use serde_json::{Value, json};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// The file's name in a run's `output_dir`.
+pub const FILE: &str = "rollouts.jsonl";
 
 /// The spans of a trajectory: `prompt`, then runs of `model` (trained) and `env` (observation)
 /// tokens, each decoded.
@@ -39,8 +43,8 @@ impl RolloutDump {
         RolloutDump { path: path.to_path_buf(), tokenizer }
     }
 
-    /// Writes the groups of `step`.
-    pub fn write(&self, step: u64, groups: &[Group]) -> std::io::Result<()> {
+    /// Writes the groups of `step`, trained as policy `version`.
+    pub fn write(&self, step: u64, version: i64, groups: &[Group]) -> std::io::Result<()> {
         let mut file =
             std::io::BufWriter::new(std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?);
         for (g, t) in groups.iter().flat_map(|g| g.trajectories.iter().map(move |t| (g, t))) {
@@ -53,6 +57,7 @@ impl RolloutDump {
                 "reward": t.reward,
                 "status": t.status,
                 "stats": t.stats,
+                "staleness": t.staleness(version),
                 "data_source": g.data_source,
                 "segments": segments,
                 "trajectory": t,

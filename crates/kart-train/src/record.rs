@@ -172,6 +172,16 @@ impl StepRecord {
         self.0.extend(other.0);
     }
 
+    /// The step the record is of.
+    pub fn step(&self) -> u64 {
+        self.get(&keys::STEP).unwrap_or(0.0) as u64
+    }
+
+    /// Every figure but the step, by name (what experiment trackers log at the step).
+    pub fn figures(&self) -> Vec<(String, f64)> {
+        self.0.iter().filter(|(k, _)| **k != keys::STEP).map(|(k, v)| (k.0.to_string(), *v)).collect()
+    }
+
     /// The record as a JSON object; non-finite values become `null`.
     pub fn to_json(&self) -> Value {
         let map: Map<String, Value> = self

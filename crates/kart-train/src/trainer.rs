@@ -30,6 +30,7 @@ use kart_rollout::env::{Context, ContextError};
 use kart_rollout::metrics::RolloutMetrics;
 use kart_tokenizer::{Tokenizer, TokenizerError};
 use kart_torch::{DeviceError, DistError, ProcessGroup, Ranks};
+use kart_tracking::{Run, Tracker};
 use prometheus::Registry;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -253,6 +254,8 @@ pub struct Trainer {
     metrics: TrainerMetrics,
     log: MetricsLog,
     dump: Option<RolloutDump>,
+    /// MLflow and TensorBoard (`tracking`).
+    tracker: Tracker,
     status: StatusHandle,
     checkpoint: Option<PathBuf>,
     /// The step of the newest checkpoint (loaded or written).
@@ -304,6 +307,14 @@ impl Trainer {
         let (pool, publisher) = connect(&config, &policy_dir, device, version, &tokenizer, endpoints)?;
         let resumed = loaded.as_ref().map(|l| l.state.step);
         let (log, dump) = open_outputs(&config, &tokenizer, resumed)?;
+        let params =
+            kart_tracking::params::flatten(&serde_json::to_value(&config).expect("the config serialises"));
+        let run = Run { output_dir: &out, resumed: resumed.is_some(), params };
+        let tracker = Tracker::start(&config.tracking, run).map_err(|source| {
+            // Only the TensorBoard folder is opened here.
+            let dir = config.tracking.tensorboard.as_ref().map(|t| t.dir.clone()).unwrap_or_default();
+            TrainError::Io { path: out.join(dir), source }
+        })?;
         let config = Arc::new(config);
         let metrics = TrainerMetrics::new(registry);
         metrics.world_size.set(ranks.world_size as f64);
@@ -332,6 +343,7 @@ impl Trainer {
             metrics,
             log,
             dump,
+            tracker,
             status,
             checkpointed: loaded.as_ref().map(|l| l.state.step),
             checkpoint: loaded.map(|l| l.dir),
@@ -496,9 +508,18 @@ impl Trainer {
         Ok(Ending::Stopped { step: self.step, checkpoint: self.checkpoint.clone() })
     }
 
+    /// The run's MLflow and TensorBoard tracking, which the caller ends once it knows how the
+    /// run ended ([`Tracker::finish`]).
+    pub fn tracker(&self) -> Tracker {
+        self.tracker.clone()
+    }
+
+    /// Writes a step's record to `metrics.jsonl` and the trackers.
     fn append(&self, record: &StepRecord) -> Result<(), TrainError> {
         let path = self.config.output_dir.join("metrics.jsonl");
-        self.log.append(record).map_err(|source| TrainError::Io { path, source })
+        self.log.append(record).map_err(|source| TrainError::Io { path, source })?;
+        self.tracker.log(record.step(), &record.figures());
+        Ok(())
     }
 
     /// One step on `batch`: samples, update, weight sync, metrics.
@@ -527,8 +548,8 @@ impl Trainer {
         record.extend(update);
         let update_secs = update_started.elapsed().as_secs_f64();
         if let Some(dump) = &self.dump {
-            dump.write(self.step + 1, &batch.groups)
-                .map_err(|source| TrainError::Io { path: c.output_dir.join("rollouts.jsonl"), source })?;
+            dump.write(self.step + 1, self.version, &batch.groups)
+                .map_err(|source| TrainError::Io { path: c.output_dir.join(super::dump::FILE), source })?;
         }
         self.step += 1;
         self.version += 1;
@@ -668,6 +689,7 @@ impl Trainer {
         })?;
         tracing::info!(step = self.step, checkpoint = %dir.display(), reward, "checkpoint written");
         self.metrics.checkpoints.inc();
+        self.tracker.checkpoint(&dir);
         self.status.update(|s| {
             s.checkpoint = Some(dir.display().to_string());
             s.phase = Phase::Training;
@@ -769,7 +791,7 @@ fn batch_record(trajectories: &[&Trajectory], version: i64, metrics: &TrainerMet
         r.set(keys::trajectories(&label), count as f64);
     }
     let staleness: Vec<f64> =
-        trajectories.iter().filter_map(|t| t.oldest_version()).map(|v| (version - v).max(0) as f64).collect();
+        trajectories.iter().filter_map(|t| t.staleness(version)).map(|s| s as f64).collect();
     for s in &staleness {
         metrics.staleness.observe(*s);
     }
@@ -951,7 +973,7 @@ fn open_outputs(
     let metrics_path = config.output_dir.join("metrics.jsonl");
     let log = MetricsLog::new(&metrics_path);
     log.restart(resumed).map_err(|source| TrainError::Io { path: metrics_path, source })?;
-    let dump_path = config.output_dir.join("rollouts.jsonl");
+    let dump_path = config.output_dir.join(super::dump::FILE);
     super::metrics::restart(&dump_path, resumed)
         .map_err(|source| TrainError::Io { path: dump_path.clone(), source })?;
     Ok((log, config.dump_rollouts.then(|| RolloutDump::new(&dump_path, tokenizer.clone()))))

@@ -280,6 +280,11 @@ impl Trajectory {
     pub fn oldest_version(&self) -> Option<i64> {
         self.versions.iter().copied().filter(|&v| v != NO_VERSION).min()
     }
+
+    /// Policy versions its oldest sampled token lags behind `version`, the policy it trains.
+    pub fn staleness(&self, version: i64) -> Option<i64> {
+        self.oldest_version().map(|v| (version - v).max(0))
+    }
 }
 
 #[cfg(test)]
@@ -305,6 +310,7 @@ mod tests {
         assert_eq!(t.stats.response_tokens, 3);
         assert_eq!(t.stats.env_tokens, 3);
         assert_eq!(t.oldest_version(), Some(7));
+        assert_eq!((t.staleness(9), t.staleness(7), t.staleness(5)), (Some(2), Some(0), Some(0)));
         assert_eq!(t.last_turn(), &[9]);
         assert_eq!(Trajectory::new("t", "p", &[1, 2]).last_turn(), &[] as &[u32]);
         t.validate().unwrap();

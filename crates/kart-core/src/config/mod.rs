@@ -13,6 +13,7 @@ pub mod retry;
 pub mod reward;
 pub mod rollout;
 pub mod sandbox;
+pub mod tracking;
 pub mod train;
 pub mod weight_sources;
 pub mod workflow;

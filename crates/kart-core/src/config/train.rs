@@ -7,6 +7,7 @@ use super::env::EnvConfig;
 use super::lora::LoraConfig;
 use super::memory::{Precision, ReferenceConfig, Sharding};
 use super::rollout::ContextConfig;
+use super::tracking::TrackingConfig;
 use crate::rl::kl::KlEstimator;
 use crate::rl::loss::LossAggMode;
 use serde::{Deserialize, Serialize};
@@ -42,8 +43,11 @@ pub struct TrainConfig {
     pub checkpoint: CheckpointConfig,
     /// Evaluation on the held-out split.
     pub eval: EvalConfig,
-    /// Append every step's decoded trajectories to `rollouts.jsonl`.
+    /// Append every step's decoded trajectories to `rollouts.jsonl` (what `/ui` and `kart view`
+    /// show).
     pub dump_rollouts: bool,
+    /// MLflow and TensorBoard, besides `metrics.jsonl`.
+    pub tracking: TrackingConfig,
     /// Address of the trainer's HTTP server (`/metrics`, `/status`, `/weights/{version}`).
     pub host: String,
     /// Port of the trainer's HTTP server; 0 picks a free one.
@@ -117,6 +121,7 @@ impl Default for TrainConfig {
             checkpoint: CheckpointConfig::default(),
             eval: EvalConfig::default(),
             dump_rollouts: false,
+            tracking: TrackingConfig::default(),
             host: "0.0.0.0".into(),
             port: 8002,
             device: Device::Auto,
@@ -911,6 +916,7 @@ impl TrainConfig {
                 );
             }
         }
+        self.tracking.validate().map_err(|e| e.within("tracking"))?;
         self.rollout.env.validate().map_err(|e| e.within("rollout.env"))?;
         self.rollout.context.validate().map_err(|e| e.within("rollout"))
     }

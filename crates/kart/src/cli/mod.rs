@@ -18,6 +18,7 @@ mod rollout;
 mod setup;
 mod status_file;
 mod train;
+mod view;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -53,6 +54,7 @@ enum Command {
     #[command(subcommand)]
     Rollout(rollout::Command),
     Train(train::TrainArgs),
+    View(view::Args),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -84,6 +86,7 @@ pub fn run() -> ExitCode {
         Command::Retriever(command) => retriever::run(command),
         Command::Rollout(command) => rollout::run(command),
         Command::Train(args) => train::run(args),
+        Command::View(args) => view::run(args),
     };
     result.unwrap_or_else(|e| {
         eprintln!("error: {}", message(&e));

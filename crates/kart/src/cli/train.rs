@@ -12,13 +12,16 @@ use kart_core::config::train::TrainConfig;
 use kart_http::Readiness;
 use kart_http::token::Token;
 use kart_torch::Ranks;
+use kart_tracking::RunStatus;
 use kart_train::follower::Follower;
 use kart_train::server::{Phase, StatusHandle, router};
 use kart_train::trainer::{Ending, Serving, Trainer};
 use kart_train::weights::WeightStore;
+use kart_viewer::Rollouts;
 use prometheus::Registry;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// The exit code of a run stopped by a termination signal: 128 + SIGTERM, as if the signal had
 /// ended the process.
@@ -116,7 +119,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         tracing::info!(port, "trainer listening");
         let token = Token::from_env()?;
         kart_http::token::log_state("trainer", token.as_ref());
-        let app = router(status.clone(), weights.clone(), registry.clone(), ready.clone(), token.clone());
+        // The trajectory viewer (`/ui`) over the run's `rollouts.jsonl`.
+        let rollouts = Arc::new(Rollouts::new(&config.output_dir.join(kart_train::dump::FILE)));
+        let app = router(status.clone(), weights.clone(), registry.clone(), ready.clone(), token.clone())
+            .merge(kart_viewer::router(rollouts));
         tokio::spawn(async move { kart_http::serve(listener, app).await });
         let host = std::env::var("POD_IP").unwrap_or_else(|_| "127.0.0.1".into());
         let advertise = format!("http://{host}:{port}");
@@ -124,6 +130,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
             let serving = Serving { host, advertise_url: advertise, token };
             Trainer::build(config, args.resume, &ranks, &registry, status.clone(), weights, serving)
         })?;
+        let tracker = trainer.tracker();
         ready.set(true);
         // A pod being deleted, suspended, preempted or evicted gets SIGTERM: the step in progress
         // finishes its update, a checkpoint of it is written, and a resumed run continues there.
@@ -154,6 +161,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<ExitCode> {
         if let Ok(Ending::Stopped { .. }) = &ending {
             status.update(|s| s.phase = Phase::Stopped);
         }
+        tracker
+            .finish(match &ending {
+                Ok(Ending::Finished(_)) => RunStatus::Finished,
+                Ok(Ending::Stopped { .. }) => RunStatus::Killed,
+                Err(_) => RunStatus::Failed,
+            })
+            .await;
         // The operator reads the final status from this file (a pod's termination message).
         super::status_file::write(&status.get())?;
         let summary = match ending? {
