@@ -304,8 +304,10 @@ EOF
     --authentication-kubeconfig "$dir/scheduler.kubeconfig" --authorization-kubeconfig "$dir/scheduler.kubeconfig" \
     --leader-elect=false --secure-port 0
 
+  # Named apart from the chart's own `kart-operator` binding (of its ServiceAccount), which a Helm
+  # install into this cluster creates.
   create "$dir" "$api_port" "$admin" /apis/rbac.authorization.k8s.io/v1/clusterrolebindings '{
-    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kart-operator"},
+    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kart-operator-user"},
     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "kart-operator"}]}'
   if [ "$node" = kubelet ]; then

@@ -303,13 +303,27 @@ fn the_chart_and_training_jobs_run_restart_suspend_and_go_in_containers_on_a_rea
     let output = cluster.claim("search-checkpoints");
     let status = cluster.status("search", RUN_SECONDS, |s| s.phase.is_finished());
     assert_eq!(status.phase, TrainingJobPhase::Succeeded, "{status:?}\n{}", cp.describe());
-    assert_eq!((status.step, status.policy_version, status.attempts), (STEPS, Some(STEPS), 1), "{status:?}");
+    assert_eq!(
+        (status.step, status.policy_version, status.attempts),
+        (STEPS, Some(STEPS), 1),
+        "{status:?}\n{}\n{}",
+        cluster.kubectl(&["get", "events", "--sort-by=.lastTimestamp"]),
+        cp.describe()
+    );
     let listing = cluster.kubectl(&["get", "tj", "search"]);
     let (header, row) = listing.split_once('\n').unwrap();
-    let columns: Vec<&str> = header.split_whitespace().collect();
-    let values: Vec<&str> = row.split_whitespace().collect();
-    let column =
-        |name: &str| values[columns.iter().position(|c| *c == name).unwrap_or_else(|| panic!("{listing}"))];
+    // Columns by where kubectl aligns them: an empty one (QUEUE without a queue) is blank.
+    let starts: Vec<usize> = header
+        .match_indices(|c: char| !c.is_whitespace())
+        .map(|(i, _)| i)
+        .filter(|&i| i == 0 || header.as_bytes()[i - 1] == b' ')
+        .collect();
+    let column = |name: &str| {
+        let at =
+            starts.iter().position(|&i| header[i..].starts_with(name)).unwrap_or_else(|| panic!("{listing}"));
+        let end = starts.get(at + 1).copied().unwrap_or(row.len()).min(row.len());
+        row.get(starts[at]..end).unwrap_or_default().trim()
+    };
     assert_eq!((column("PHASE"), column("STEP")), ("Succeeded", STEPS.to_string().as_str()), "{listing}");
     let wiki: Retriever = cluster.get(&["retriever", "wiki"]).unwrap();
     let wiki = wiki.status.unwrap();
