@@ -1,8 +1,10 @@
 //! BM25 retrieval over a tantivy index.
 //!
 //! [`build`] streams a corpus into a [`DocStoreWriter`] whose `contents` field is indexed with the
-//! [`english_analyzer`]; [`Bm25Index`] ranks passages by tantivy's BM25 (k1 = 1.2, b = 0.75),
-//! finding the top k over tantivy's postings with window-max MaxScore (`max_score`).
+//! [`english_analyzer`], and stores the window maxima of its common terms
+//! ([`stored_maxima`](crate::stored_maxima)); [`Bm25Index`] ranks passages by tantivy's BM25
+//! (k1 = 1.2, b = 0.75), finding the top k over tantivy's postings with window-max MaxScore
+//! (`max_score`).
 //!
 //! Queries are user text (a model's `<search>` content) and are never parsed as a query language:
 //! the query is run through the same analyzer as the passages and a passage scores the sum of the
@@ -25,6 +27,7 @@
 use crate::corpus::CorpusReader;
 use crate::docstore::{DocStore, DocStoreWriter, FORMAT, Manifest, english_analyzer};
 use crate::max_score::{self, WindowMaximaCache};
+use crate::stored_maxima::{self, StoredMaxima};
 use crate::{LocalIndex, RetrieverError};
 use kart_core::agent::search_r1::RetrievalResult;
 use kart_core::config::retriever::Method;
@@ -65,6 +68,12 @@ pub fn build(
         ann: None,
     };
     let docs = writer.finish(manifest)?;
+    let written = stored_maxima::write(&DocStore::open(out)?, stored_maxima::MIN_DOCS)?;
+    tracing::info!(
+        terms = written.terms,
+        bytes = written.bytes,
+        "stored the window maxima of the common terms"
+    );
     progress(reader.bytes_read(), total, docs);
     Ok(docs)
 }
@@ -86,7 +95,14 @@ impl Bm25Index {
             let reason = format!("the manifest's method is {method}, not \"bm25\"");
             return Err(RetrieverError::Index { path: dir.to_path_buf(), reason });
         }
-        Ok(Bm25Index { store, analyzer: english_analyzer(), window_maxima: WindowMaximaCache::default() })
+        let stored = StoredMaxima::open(dir)?;
+        match &stored {
+            Some(stored) => tracing::info!(terms = stored.len(), "window maxima of the common terms loaded"),
+            None => tracing::info!(
+                "no stored window maxima (an index built before kart stored them): common terms are scored on first use; rebuilding the index stores them"
+            ),
+        }
+        Ok(Bm25Index { store, analyzer: english_analyzer(), window_maxima: WindowMaximaCache::new(stored) })
     }
 
     /// The `topk` best passages for `query`, best first, with their BM25 scores.

@@ -4,7 +4,8 @@
 //!
 //! - [`corpus`]: streaming reader of the Search-R1 corpus format (JSON lines, optionally gzipped);
 //! - [`docstore`]: the documents stored beside every local index;
-//! - [`bm25`]: building and searching the BM25 index, with top-k by window-max MaxScore (`max_score`);
+//! - [`bm25`]: building and searching the BM25 index, with top-k by window-max MaxScore (`max_score`)
+//!   over bounds computed once for the common terms ([`stored_maxima`]);
 //! - [`encoder`] and [`dense`]: sentence embeddings and the dense inner-product index, scanned
 //!   exactly by [`flat`] (sharded over every GPU with CUDA) or through [`ann`]'s approximate graph
 //!   (HNSW, usearch);
@@ -32,6 +33,7 @@ pub mod online;
 mod read_only_dir;
 pub mod searcher;
 pub mod server;
+pub mod stored_maxima;
 
 pub use error::RetrieverError;
 pub use in_process::InProcess;

@@ -22,6 +22,7 @@
 //! 0.194 ms per query, 16384-id windows in parts of 128 ids 0.176 ms), and filtering the documents
 //! by their part as they are gathered rather than after, faster still (0.158 ms).
 
+use crate::stored_maxima::StoredMaxima;
 use lru::LruCache;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -33,10 +34,10 @@ use tantivy::schema::IndexRecordOption;
 use tantivy::{DocId, InvertedIndexReader, Score, TERMINATED, Term};
 
 /// Doc ids scored together.
-const WINDOW: DocId = 16384;
+pub(crate) const WINDOW: DocId = 16384;
 
 /// Parts of a window with their own bound.
-const PARTS: usize = 128;
+pub(crate) const PARTS: usize = 128;
 
 /// Doc ids in a part of a window.
 const PART: usize = WINDOW as usize / PARTS;
@@ -66,10 +67,10 @@ impl Bounds {
 }
 
 /// [`Bounds`] packed by [`Bounds::pack`].
-#[derive(Debug, Clone, Copy)]
-struct PackedBounds {
-    window: Score,
-    parts: [u8; PARTS],
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct PackedBounds {
+    pub(crate) window: Score,
+    pub(crate) parts: [u8; PARTS],
 }
 
 impl PackedBounds {
@@ -93,7 +94,7 @@ fn unpack(window: Score, q: u8) -> Score {
 
 /// The postings of one term in one segment summarised by window: the windows where the term has
 /// documents, ascending, and its [`Bounds`] there.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct WindowMaxima {
     windows: Vec<u32>,
     bounds: Vec<PackedBounds>,
@@ -107,9 +108,16 @@ impl WindowMaxima {
         weight: &Bm25Weight,
         fieldnorms: &FieldNormReader,
     ) -> tantivy::Result<Option<Self>> {
-        let Some(mut blocks) = inverted_index.read_block_postings(term, IndexRecordOption::WithFreqs)? else {
-            return Ok(None);
-        };
+        let postings = inverted_index.read_block_postings(term, IndexRecordOption::WithFreqs)?;
+        Ok(postings.map(|postings| Self::of_postings(postings, weight, fieldnorms)))
+    }
+
+    /// Scores every one of `blocks`' postings once.
+    pub(crate) fn of_postings(
+        mut blocks: BlockSegmentPostings,
+        weight: &Bm25Weight,
+        fieldnorms: &FieldNormReader,
+    ) -> Self {
         let (mut windows, mut bounds) = (Vec::new(), Vec::new());
         // The bounds of the last window of `windows`, packed into `bounds` once it is passed.
         let mut current = Bounds::NONE;
@@ -133,7 +141,23 @@ impl WindowMaxima {
         if !windows.is_empty() {
             bounds.push(current.pack());
         }
-        Ok(Some(WindowMaxima { windows, bounds }))
+        WindowMaxima { windows, bounds }
+    }
+
+    /// Maxima of the `windows` where the term has documents, with their `bounds`.
+    pub(crate) fn from_parts(windows: Vec<u32>, bounds: Vec<PackedBounds>) -> Self {
+        assert_eq!(windows.len(), bounds.len(), "a bound per window");
+        WindowMaxima { windows, bounds }
+    }
+
+    /// The windows where the term has documents, ascending.
+    pub(crate) fn windows(&self) -> &[u32] {
+        &self.windows
+    }
+
+    /// The term's bounds in each of [`Self::windows`].
+    pub(crate) fn bounds(&self) -> &[PackedBounds] {
+        &self.bounds
     }
 
     /// Bytes held (the vectors' contents).
@@ -147,13 +171,15 @@ impl WindowMaxima {
 const CACHE_BYTES: usize = 1 << 30;
 
 /// The [`WindowMaxima`] of the terms queried most recently, by segment: read the first time a
-/// query uses a term and kept (the index never changes once built) until the least recently used
-/// terms have to make room within the cache's budget. A term takes 136 bytes per window where it
-/// has documents: at most that per posting for a rare term, and 8.3 bytes per 1,000 documents of
-/// the segment for a common one (175 KB in a 21M-passage index).
+/// query uses a term (from the index's [`StoredMaxima`] for a common term, else from its
+/// postings) and kept (the index never changes once built) until the least recently used terms
+/// have to make room within the cache's budget. A term takes 136 bytes per window where it has
+/// documents: at most that per posting for a rare term, and 8.3 bytes per 1,000 documents of the
+/// segment for a common one (175 KB in a 21M-passage index).
 pub struct WindowMaximaCache {
     terms: Mutex<CachedTerms>,
     budget: usize,
+    stored: Option<StoredMaxima>,
 }
 
 /// The terms in a [`WindowMaximaCache`] and the bytes they hold.
@@ -165,17 +191,16 @@ struct CachedTerms {
 /// A term in a segment (by ordinal).
 type SegmentTerm = (u32, Term);
 
-impl Default for WindowMaximaCache {
-    fn default() -> Self {
-        Self::with_budget(CACHE_BYTES)
-    }
-}
-
 impl WindowMaximaCache {
+    /// A cache over the maxima an index stored (if any), of the default budget.
+    pub fn new(stored: Option<StoredMaxima>) -> Self {
+        WindowMaximaCache { stored, ..Self::with_budget(CACHE_BYTES) }
+    }
+
     /// A cache keeping at most about `budget` bytes (always the last term read).
     fn with_budget(budget: usize) -> Self {
         let terms = CachedTerms { lru: LruCache::unbounded(), bytes: 0 };
-        WindowMaximaCache { terms: Mutex::new(terms), budget }
+        WindowMaximaCache { terms: Mutex::new(terms), budget, stored: None }
     }
 
     fn get(
@@ -190,7 +215,11 @@ impl WindowMaximaCache {
         if let Some(maxima) = self.terms.lock().expect("window maxima lock").lru.get(&key) {
             return Ok(maxima.clone());
         }
-        let maxima = WindowMaxima::read(inverted_index, term, weight, fieldnorms)?.map(Arc::new);
+        let maxima = match self.stored.as_ref().and_then(|stored| stored.get(segment_ord, term)) {
+            Some(stored) => Some(stored),
+            None => WindowMaxima::read(inverted_index, term, weight, fieldnorms)?,
+        };
+        let maxima = maxima.map(Arc::new);
         self.insert(key, maxima.clone());
         Ok(maxima)
     }
