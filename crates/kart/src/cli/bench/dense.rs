@@ -56,7 +56,7 @@ const EQUAL_RECALLS: [f64; 2] = [0.95, 0.99];
 
 /// Re-scoring depths measured when `--ann-rerank` is not given.
 const RERANKS: [usize; 3] = [10, 25, 50];
-const B1_RERANKS: [usize; 3] = [100, 200, 400];
+const B1_RERANKS: [usize; 4] = [70, 100, 200, 400];
 
 /// Search-R1's wiki-18 corpus, for the projection.
 const WIKI18_PASSAGES: f64 = 21_015_324.0;

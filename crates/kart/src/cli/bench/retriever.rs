@@ -106,7 +106,7 @@ pub struct Args {
     #[arg(long, requires = "dense", value_enum, default_value = "i8")]
     pub(super) ann_quantization: Quantization,
     /// Candidates re-scored exactly against the f32 embeddings (--dense; at least 10 are): each
-    /// value is measured with each `--ann-expansion-search` [default: 10,25,50; 100,200,400 for
+    /// value is measured with each `--ann-expansion-search` [default: 10,25,50; 70,100,200,400 for
     /// b1].
     #[arg(long, requires = "dense", value_delimiter = ',')]
     pub(super) ann_rerank: Vec<usize>,
@@ -115,7 +115,7 @@ pub struct Args {
     #[arg(long, requires = "dense", default_value_t = 1024)]
     pub(super) ivf_lists: usize,
     /// Lists probed per query by the IVF-PQ anchor (--dense): each value is measured.
-    #[arg(long, requires = "dense", value_delimiter = ',', default_value = "8,16,32,64")]
+    #[arg(long, requires = "dense", value_delimiter = ',', default_value = "2,4,8,16,32,64")]
     pub(super) ivf_probes: Vec<usize>,
     /// Where the exact scan runs (--dense): `cpu`, or `cuda` (f16, sharded over every visible
     /// GPU, as a dense index is served there).
