@@ -67,13 +67,15 @@ pub fn build(
         embeddings_crc32: None,
         ann: None,
     };
-    let docs = writer.finish(manifest)?;
-    let written = stored_maxima::write(&DocStore::open(out)?, stored_maxima::MIN_DOCS)?;
+    let searcher = writer.merge()?;
+    let contents = writer.fields().contents;
+    let written = stored_maxima::write(out, &searcher, contents, stored_maxima::MIN_DOCS)?;
     tracing::info!(
         terms = written.terms,
         bytes = written.bytes,
         "stored the window maxima of the common terms"
     );
+    let docs = writer.finish(manifest)?;
     progress(reader.bytes_read(), total, docs);
     Ok(docs)
 }

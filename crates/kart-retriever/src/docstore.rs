@@ -43,8 +43,8 @@ use tantivy::tokenizer::{
     TokenizerManager,
 };
 use tantivy::{
-    DocAddress, DocSet, Index, IndexSettings, IndexSortByField, IndexWriter, Order, ReloadPolicy, Searcher,
-    TERMINATED, TantivyDocument, Term,
+    DocAddress, DocSet, Index, IndexReader, IndexSettings, IndexSortByField, IndexWriter, Order,
+    ReloadPolicy, Searcher, TERMINATED, TantivyDocument, Term,
 };
 
 /// The manifest's file name inside an index folder.
@@ -275,15 +275,34 @@ impl DocStoreWriter {
         Ok(ordinal)
     }
 
-    /// Commits every document, merges the segments into one (the fastest to search), then writes
-    /// `manifest` with the number of documents written. Returns that number.
-    pub fn finish(mut self, manifest: Manifest) -> Result<u64, RetrieverError> {
+    /// Commits every document and merges the segments into one (the fastest to search). Returns a
+    /// searcher over them, for what is written beside the index before [`Self::finish`] seals it.
+    pub fn merge(&mut self) -> Result<Searcher, RetrieverError> {
         self.writer.commit().map_err(|source| self.tantivy_error(source))?;
         let segments =
             self.writer.index().searchable_segment_ids().map_err(|source| self.tantivy_error(source))?;
         if segments.len() > 1 {
             self.writer.merge(&segments).wait().map_err(|source| self.tantivy_error(source))?;
         }
+        let reader: IndexReader = self
+            .writer
+            .index()
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()
+            .map_err(|source| self.tantivy_error(source))?;
+        Ok(reader.searcher())
+    }
+
+    /// The schema's fields.
+    pub fn fields(&self) -> Fields {
+        self.fields
+    }
+
+    /// Merges (see [`Self::merge`]; nothing to do if done), then writes `manifest` with the number
+    /// of documents written. Returns that number.
+    pub fn finish(mut self, manifest: Manifest) -> Result<u64, RetrieverError> {
+        self.merge()?;
         let DocStoreWriter { dir, writer, documents, .. } = self;
         writer
             .wait_merging_threads()

@@ -102,22 +102,15 @@ pub struct WindowMaxima {
 
 impl WindowMaxima {
     /// Scores every posting of `term` once; `None` when the segment lacks the term.
-    fn read(
+    pub(crate) fn read(
         inverted_index: &InvertedIndexReader,
         term: &Term,
         weight: &Bm25Weight,
         fieldnorms: &FieldNormReader,
     ) -> tantivy::Result<Option<Self>> {
-        let postings = inverted_index.read_block_postings(term, IndexRecordOption::WithFreqs)?;
-        Ok(postings.map(|postings| Self::of_postings(postings, weight, fieldnorms)))
-    }
-
-    /// Scores every one of `blocks`' postings once.
-    pub(crate) fn of_postings(
-        mut blocks: BlockSegmentPostings,
-        weight: &Bm25Weight,
-        fieldnorms: &FieldNormReader,
-    ) -> Self {
+        let Some(mut blocks) = inverted_index.read_block_postings(term, IndexRecordOption::WithFreqs)? else {
+            return Ok(None);
+        };
         let (mut windows, mut bounds) = (Vec::new(), Vec::new());
         // The bounds of the last window of `windows`, packed into `bounds` once it is passed.
         let mut current = Bounds::NONE;
@@ -141,7 +134,7 @@ impl WindowMaxima {
         if !windows.is_empty() {
             bounds.push(current.pack());
         }
-        WindowMaxima { windows, bounds }
+        Ok(Some(WindowMaxima { windows, bounds }))
     }
 
     /// Maxima of the `windows` where the term has documents, with their `bounds`.

@@ -16,16 +16,15 @@
 //! file, so an index has it whole or not at all; an index without it searches as before.
 
 use crate::RetrieverError;
-use crate::docstore::DocStore;
 use crate::max_score::{PARTS, PackedBounds, WINDOW, WindowMaxima};
 use memmap2::Mmap;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
-use tantivy::Term;
 use tantivy::query::Bm25Weight;
-use tantivy::schema::IndexRecordOption;
+use tantivy::schema::Field;
+use tantivy::{Searcher, Term};
 
 /// The file in an index folder.
 pub const FILE: &str = "window-maxima.bin";
@@ -43,17 +42,22 @@ const BOUNDS: usize = 4 + PARTS;
 /// What [`write`] stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
+    /// Terms stored (a term counts once per segment holding it).
     pub terms: usize,
+    /// Size of the file.
     pub bytes: u64,
 }
 
-/// Computes the window maxima of every term of `store` in at least `min_docs` documents of a
-/// segment (on all cores) and writes them to [`FILE`] in its folder.
-pub fn write(store: &DocStore, min_docs: u32) -> Result<Written, RetrieverError> {
-    let dir = store.dir();
+/// Computes the window maxima of every term of `field` in at least `min_docs` documents of a
+/// segment of `searcher`'s index (on all cores) and writes them to [`FILE`] in `dir`, the index's
+/// folder.
+pub fn write(
+    dir: &Path,
+    searcher: &Searcher,
+    field: Field,
+    min_docs: u32,
+) -> Result<Written, RetrieverError> {
     let tantivy_error = |source| RetrieverError::Tantivy { path: dir.to_path_buf(), source };
-    let searcher = store.searcher();
-    let field = store.fields().contents;
     let mut terms: Vec<(u32, Vec<u8>, WindowMaxima)> = Vec::new();
     for (segment_ord, segment) in (0u32..).zip(searcher.segment_readers()) {
         let inverted_index = segment.inverted_index(field).map_err(tantivy_error)?;
@@ -71,12 +75,10 @@ pub fn write(store: &DocStore, min_docs: u32) -> Result<Written, RetrieverError>
             .filter_map(|key| String::from_utf8(key).ok())
             .map(|text| {
                 let term = Term::from_field_text(field, &text);
-                let key = text.into_bytes();
                 // The weight a query gives the term (see `bm25`): the maxima are of its scores.
                 let weight = Bm25Weight::for_terms(searcher, std::slice::from_ref(&term))?;
-                let postings = inverted_index.read_block_postings(&term, IndexRecordOption::WithFreqs)?;
-                let maxima = postings.map(|p| WindowMaxima::of_postings(p, &weight, &fieldnorms));
-                Ok(maxima.map(|m| (segment_ord, key, m)))
+                let maxima = WindowMaxima::read(&inverted_index, &term, &weight, &fieldnorms)?;
+                Ok(maxima.map(|m| (segment_ord, text.into_bytes(), m)))
             })
             .collect::<tantivy::Result<Vec<_>>>()
             .map_err(tantivy_error)?;
@@ -223,6 +225,7 @@ mod tests {
     use super::*;
     use crate::LocalIndex;
     use crate::bm25::{self, Bm25Index};
+    use crate::docstore::DocStore;
 
     /// 40,000 passages (three windows) of words drawn with Zipf-like frequencies.
     fn corpus(dir: &Path) -> std::path::PathBuf {
@@ -252,12 +255,12 @@ mod tests {
         assert!(stored.is_empty(), "no term of 40,000 passages is in {MIN_DOCS} documents");
 
         let store = DocStore::open(&out).unwrap();
-        let written = write(&store, 1000).unwrap();
+        let searcher = store.searcher();
+        let field = store.fields().contents;
+        let written = write(&out, searcher, field, 1000).unwrap();
         let stored = StoredMaxima::open(&out).unwrap().unwrap();
         assert!(written.terms > 20 && stored.len() == written.terms, "{written:?}");
         assert_eq!(std::fs::metadata(out.join(FILE)).unwrap().len(), written.bytes);
-        let searcher = store.searcher();
-        let field = store.fields().contents;
         let segment = &searcher.segment_readers()[0];
         let inverted_index = segment.inverted_index(field).unwrap();
         let fieldnorms = segment.get_fieldnorms_reader(field).unwrap();
@@ -266,8 +269,7 @@ mod tests {
             let term = Term::from_field_text(field, &word);
             let docs = searcher.doc_freq(&term).unwrap();
             let weight = Bm25Weight::for_terms(searcher, std::slice::from_ref(&term)).unwrap();
-            let postings = inverted_index.read_block_postings(&term, IndexRecordOption::WithFreqs).unwrap();
-            let computed = postings.map(|p| WindowMaxima::of_postings(p, &weight, &fieldnorms));
+            let computed = WindowMaxima::read(&inverted_index, &term, &weight, &fieldnorms).unwrap();
             match stored.get(0, &term) {
                 Some(maxima) => {
                     assert!(docs >= 1000, "{word} in {docs} documents");
@@ -293,7 +295,7 @@ mod tests {
         std::fs::write(out.join(FILE), b"").unwrap();
         let error = Bm25Index::open(&out).err().expect("an empty file is refused").to_string();
         assert!(error.contains(FILE), "{error}");
-        write(&store, 1000).unwrap();
+        write(&out, searcher, field, 1000).unwrap();
         let whole = std::fs::read(out.join(FILE)).unwrap();
         std::fs::write(out.join(FILE), &whole[..whole.len() - 1]).unwrap();
         let error = Bm25Index::open(&out).err().expect("a file cut short is refused").to_string();
