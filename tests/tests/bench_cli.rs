@@ -428,6 +428,9 @@ fn bm25_bench_reuses_an_index_of_the_same_settings_only() {
     };
     let (_, first) = report_of(&mut bench(&[]), &json);
     assert!(first["kart"]["index_seconds"].as_f64().unwrap() > 0.0, "{first}");
+    let rows = first["rows"].as_array().unwrap();
+    let qps = rows.iter().find(|r| r["metric"] == "QPS, single queries, sequential (1 thread)").unwrap();
+    assert!(qps["met"].is_null(), "a ratio target is not judged without an anchor: {qps}");
     let (stdout, again) = report_of(&mut bench(&["--reuse"]), &json);
     assert!(stdout.contains("index reused (--reuse)"), "{stdout}");
     assert!(again["kart"]["index_seconds"].is_null(), "not measured, not 0: {again}");
