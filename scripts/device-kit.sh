@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the device kit: `kart` for a GPU machine whose PyTorch is not the one this checkout builds
-# against (the lent H200 has PyTorch 2.11.0 for CUDA 13.0 under Python 3.12, no Rust, no network),
-# and writes .device/ (git-ignored), which `scripts/gpu-check.sh --single-gpu` runs from there:
+# against (the lent machine, one H100 or H200, has PyTorch 2.11.0 for CUDA 13.0 under Python 3.12,
+# transformers 5.17, no Rust, no network), and writes .device/ (git-ignored), which
+# `scripts/gpu-check.sh --single-gpu` runs from there:
 #
 #   .device/kart           the binary, stripped (its libtorch is the GPU machine's own)
 #   .device/fixtures/      the fixture models the checks read (../shared does not travel)
@@ -19,11 +20,14 @@
 # Cargo.lock takes the patched torch-sys, leaving this checkout's alone) and a target folder.
 #
 # Unless --no-verify, the kit's binary is then run here with the wheel's own libraries on the
-# loader path: `kart doctor --json` must report CUDA support loaded, and GRPO steps must run on
-# the CPU (`kart bench train --memory --quick --steps 1 --precision f32`: one rank and two).
+# loader path: `kart doctor --json` must report CUDA support loaded, and every step of
+# `scripts/gpu-check.sh --cpu-rehearsal` must pass with that binary and the venv's PyTorch and
+# transformers (the GPU machine's versions) as the anchors.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TORCH=2.11.0
+# The GPU machine's transformers: the anchors of the rehearsal below are the ones it runs.
+TRANSFORMERS=5.17.0
 TORCH_SYS=0.24.0
 CUDA_HEADERS=("nvidia-cuda-crt==13.0.*" "nvidia-cuda-cccl==13.0.*")
 cache="${KART_DEVICE_CACHE:-$HOME/.cache/kart/device}"
@@ -41,9 +45,11 @@ die() { echo "device-kit: $*" >&2; exit 1; }
 # PyTorch $TORCH and the CUDA headers beside it.
 mkdir -p "$cache"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-if ! "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('$TORCH')" 2>/dev/null; then
-  echo "device-kit: installing PyTorch $TORCH into $venv (CUDA libraries, several GB the first time)"
-  bash "$root/scripts/pip-install.sh" "$venv/bin/python" "torch==$TORCH" "${CUDA_HEADERS[@]}" numpy
+if ! "$venv/bin/python" -c "import torch, transformers
+assert torch.__version__.startswith('$TORCH') and transformers.__version__ == '$TRANSFORMERS'" 2>/dev/null; then
+  echo "device-kit: installing PyTorch $TORCH and transformers $TRANSFORMERS into $venv (CUDA libraries, several GB the first time)"
+  bash "$root/scripts/pip-install.sh" "$venv/bin/python" "torch==$TORCH" "transformers==$TRANSFORMERS" \
+    "${CUDA_HEADERS[@]}" numpy
 fi
 torch_lib="$("$venv/bin/python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
 
@@ -101,13 +107,17 @@ echo "device-kit: .device/ is $((bytes >> 20)) MiB (kart $(( $(stat -c %s "$out/
 
 [ -n "$verify" ] || exit 0
 # The kit's binary with the wheel's own libraries, as on the GPU machine.
-export LD_LIBRARY_PATH="$torch_lib"
-"$out/kart" doctor --json | python3 -c 'import json, sys
+LD_LIBRARY_PATH="$torch_lib" "$out/kart" doctor --json | python3 -c 'import json, sys
 d = json.load(sys.stdin)
 assert d["cuda"]["loaded"], "CUDA support is not loaded: %s" % d
 print("device-kit: kart doctor: CUDA support loaded, torch", d["torch_version"])'
-# GRPO steps without an anchor (this venv has no transformers): kart's learner in f32, one rank
-# and two over Gloo, sharded and not.
-(cd "$cache" && "$out/kart" bench train --memory --quick --steps 1 --precision f32) \
-  || die "GRPO steps of the kit's binary on the CPU failed"
-echo "device-kit: verified (kart doctor, a GRPO step on the CPU)"
+# Every step of the one-GPU check on the CPU, with the kit's binary and the GPU machine's versions
+# of PyTorch and transformers as the anchors (CI's rehearsal uses this checkout's build and venv).
+rehearsal="$cache/rehearsal"
+rm -rf "$rehearsal"
+KART="$out/kart" PYTHON="$venv/bin/python" BUDGET_SECONDS=3000 \
+  bash "$root/scripts/gpu-check.sh" --cpu-rehearsal "$rehearsal" || die "the kit's CPU rehearsal failed"
+python3 -c 'import json, sys
+failed = [s["step"] for s in json.load(open(sys.argv[1]))["steps"] if s["rc"] != 0]
+assert not failed, "steps of the CPU rehearsal failed with the kit: %s" % failed' "$rehearsal/gpu-check.json"
+echo "device-kit: verified (kart doctor; every step of the check on the CPU: $rehearsal/gpu-check.md)"

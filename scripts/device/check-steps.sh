@@ -6,7 +6,7 @@
 # single-gpu: kart from the device kit ($KART, default .device/kart) with the libraries of the
 # GPU machine's PyTorch on the loader path; anchors in $PYTHON (default python3, the machine's).
 # cpu-rehearsal: kart of this checkout's build ($KART, default the cargo target folder's) and the
-# project venv's Python; every step on the CPU with tiny shapes.
+# project venv's Python ($PYTHON); every step on the CPU with tiny shapes.
 #
 # Each step runs with its output in a log, bounded by what is left of the budget ($BUDGET_SECONDS,
 # default 480); a failure is recorded and the next step runs. scripts/device/report.py then writes
@@ -25,9 +25,6 @@ case "$mode" in
   single-gpu)
     PYTHON="${PYTHON:-python3}"
     KART="${KART:-$root/.device/kart}"
-    torch_lib="$("$PYTHON" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')" \
-      || { echo "check-steps: $PYTHON has no torch" >&2; exit 1; }
-    export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     device=cuda
     # A quick workload (--quick) only where the rehearsal says so.
     quick=()
@@ -58,6 +55,11 @@ case "$mode" in
   *) echo "usage: $0 single-gpu|cpu-rehearsal OUT" >&2; exit 2 ;;
 esac
 [ -x "$KART" ] || { echo "check-steps: $KART is missing (scripts/device-kit.sh builds the kit)" >&2; exit 1; }
+# kart runs with the libtorch of $PYTHON's PyTorch (the kit's binary was built against the GPU
+# machine's; the rehearsal may run it with a venv of that version, as scripts/device-kit.sh does).
+torch_lib="$("$PYTHON" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')" \
+  || { echo "check-steps: $PYTHON has no torch" >&2; exit 1; }
+export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 peak_flag=()
 [ -n "$peak" ] && peak_flag=(--peak-tflops "$peak")
 started=$SECONDS
