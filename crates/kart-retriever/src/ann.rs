@@ -6,8 +6,8 @@
 //! usearch was chosen over faiss (whose C API is not on crates.io and would be a system library
 //! to build) and the pure-Rust HNSW crates because it is one well-kept C++ header library built
 //! by `cargo` with the crate, adds from many threads at once, stores vectors as f32, f16, i8 or
-//! one bit a dimension, and searches a saved graph memory-mapped, so a serving pod starts without
-//! reading it all.
+//! one bit a dimension, and searches a saved graph in place: [`Graph::open`] reads the file into
+//! memory advised for huge pages and searches those bytes as they are.
 //!
 //! The one-bit graph ([`AnnQuantization::B1`]) is the compressed index, for corpora whose
 //! embeddings do not fit in memory: each vector is its dimensions' signs, compared by Hamming
@@ -33,6 +33,7 @@ use crate::dense::{EMBEDDINGS, for_each_chunk};
 use crate::docstore::{Manifest, write_manifest};
 use kart_core::config::retriever::{AnnConfig, AnnQuantization, Method};
 use rayon::prelude::*;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use usearch::{Index, IndexOptions, MetricKind, ScalarKind, b1x8};
 
@@ -100,9 +101,12 @@ fn build_with_checkpoints(
     write_manifest(dir, &manifest)
 }
 
-/// A built graph, searched memory-mapped.
+/// A built graph, searched in memory.
 pub struct Graph {
+    /// A view of `_memory`'s bytes: declared first, so it is dropped before them.
     index: Index,
+    /// Held for `index`, which reads it.
+    _memory: GraphMemory,
     dim: usize,
     /// The f32 embeddings, memory-mapped: candidates are re-scored against them.
     exact: memmap2::Mmap,
@@ -131,7 +135,13 @@ impl Graph {
                     .into(),
             });
         }
-        let index = Index::restore_view(&utf8(&path)?).map_err(|e| usearch_error(&path, e))?;
+        let memory = GraphMemory::read(&path)?;
+        let index = Index::metadata_from_buffer(&memory.bytes)
+            .and_then(|metadata| Index::new(&metadata.into()))
+            // SAFETY: the index keeps a pointer to `memory`'s bytes; both live in the `Graph`,
+            // which drops the index first, and the bytes are read-only.
+            .and_then(|index| unsafe { index.view_from_buffer(&memory.bytes) }.map(|()| index))
+            .map_err(|e| usearch_error(&path, e))?;
         if index.dimensions() != dim || index.size() as u64 != rows {
             return Err(RetrieverError::Index {
                 path,
@@ -159,7 +169,7 @@ impl Graph {
             });
         }
         let binary = manifest.ann.is_some_and(|ann| ann.quantization == AnnQuantization::B1);
-        Ok(Graph { index, dim, exact, rerank, binary })
+        Ok(Graph { index, _memory: memory, dim, exact, rerank, binary })
     }
 
     /// The `k` passages of highest inner product with each query of `queries` (rows of the
@@ -197,6 +207,31 @@ impl Graph {
     /// Explores `n` candidates per query from now on.
     pub fn set_expansion_search(&self, n: usize) {
         self.index.change_expansion_search(n.max(1));
+    }
+}
+
+/// A graph file's bytes in anonymous memory that the kernel is asked to back with huge pages
+/// (2 MiB, where transparent huge pages are `always` or `madvise`). A search walks a few thousand
+/// rows scattered over the whole graph, and with 4 KiB pages almost every row is a TLB miss: at 1M
+/// passages (a graph of 1 GB) huge pages search 1.35x as many queries a second as the file
+/// memory-mapped. The price is reading the file at start (22 GB at wiki-18's size), and memory
+/// the kernel cannot evict, which the graph needed resident anyway to be searched at speed.
+struct GraphMemory {
+    bytes: memmap2::Mmap,
+}
+
+impl GraphMemory {
+    fn read(path: &Path) -> Result<Self, RetrieverError> {
+        let io_error = |source| RetrieverError::Io { path: path.to_path_buf(), source };
+        let mut file = std::fs::File::open(path).map_err(io_error)?;
+        let len = file.metadata().map_err(io_error)?.len() as usize;
+        let mut memory = memmap2::MmapMut::map_anon(len.max(1)).map_err(io_error)?;
+        // Advice: where the kernel has no transparent huge pages the memory stays in 4 KiB pages.
+        if let Err(error) = memory.advise(memmap2::Advice::HugePage) {
+            tracing::debug!(%error, "huge pages not advised for the approximate graph");
+        }
+        file.read_exact(&mut memory[..len]).map_err(io_error)?;
+        Ok(GraphMemory { bytes: memory.make_read_only().map_err(io_error)? })
     }
 }
 
@@ -375,6 +410,30 @@ mod tests {
         let hits: usize =
             found.iter().zip(truth).map(|(f, t)| f.iter().filter(|(o, _)| t.contains(o)).count()).sum();
         hits as f64 / truth.iter().map(Vec::len).sum::<usize>() as f64
+    }
+
+    #[test]
+    fn the_graph_is_searched_from_memory_advised_for_huge_pages() {
+        let (dir, vectors) = folder(3000);
+        build(dir.path(), &AnnConfig::default(), |_, _| {}).unwrap();
+        let manifest = Manifest::read(dir.path()).unwrap();
+        let graph = Graph::open(dir.path(), &manifest, 64, 10).unwrap();
+        // The bytes are the file's, and the index searches them.
+        assert_eq!(&graph._memory.bytes[..], &std::fs::read(dir.path().join(GRAPH)).unwrap()[..]);
+        let found = graph.search(&vectors[..DIM], 1).unwrap();
+        assert_eq!(found[0][0].0, 0, "a stored vector finds itself");
+        if !Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+            return; // a kernel without transparent huge pages refuses the advice
+        }
+        // The kernel marks a mapping advised for huge pages `hg` in its VmFlags.
+        let start = format!("{:x}-", graph._memory.bytes.as_ptr() as usize);
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let flags = smaps
+            .lines()
+            .skip_while(|line| !line.starts_with(&start))
+            .find(|line| line.starts_with("VmFlags:"))
+            .expect("the graph's mapping");
+        assert!(flags.split_whitespace().any(|flag| flag == "hg"), "{flags}");
     }
 
     #[test]
