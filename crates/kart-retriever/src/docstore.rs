@@ -278,12 +278,7 @@ impl DocStoreWriter {
     /// Commits every document and merges the segments into one (the fastest to search). Returns a
     /// searcher over them, for what is written beside the index before [`Self::finish`] seals it.
     pub fn merge(&mut self) -> Result<Searcher, RetrieverError> {
-        self.writer.commit().map_err(|source| self.tantivy_error(source))?;
-        let segments =
-            self.writer.index().searchable_segment_ids().map_err(|source| self.tantivy_error(source))?;
-        if segments.len() > 1 {
-            self.writer.merge(&segments).wait().map_err(|source| self.tantivy_error(source))?;
-        }
+        self.commit_merged()?;
         let reader: IndexReader = self
             .writer
             .index()
@@ -302,13 +297,24 @@ impl DocStoreWriter {
     /// Merges (see [`Self::merge`]; nothing to do if done), then writes `manifest` with the number
     /// of documents written. Returns that number.
     pub fn finish(mut self, manifest: Manifest) -> Result<u64, RetrieverError> {
-        self.merge()?;
+        self.commit_merged()?;
         let DocStoreWriter { dir, writer, documents, .. } = self;
         writer
             .wait_merging_threads()
             .map_err(|source| RetrieverError::Tantivy { path: dir.clone(), source })?;
         write_manifest(&dir, &Manifest { documents, ..manifest })?;
         Ok(documents)
+    }
+
+    /// Commits every document and merges the segments into one.
+    fn commit_merged(&mut self) -> Result<(), RetrieverError> {
+        self.writer.commit().map_err(|source| self.tantivy_error(source))?;
+        let segments =
+            self.writer.index().searchable_segment_ids().map_err(|source| self.tantivy_error(source))?;
+        if segments.len() > 1 {
+            self.writer.merge(&segments).wait().map_err(|source| self.tantivy_error(source))?;
+        }
+        Ok(())
     }
 
     fn tantivy_error(&self, source: tantivy::TantivyError) -> RetrieverError {
